@@ -1,0 +1,25 @@
+"""User errors. The CLI catches `TwostepError` once and prints its message; anything else is a bug."""
+
+
+class TwostepError(Exception):
+    """An error the user can fix: the message says what was got, what was expected, and the fix."""
+
+
+class BadCheckpoint(TwostepError):
+    """A checkpoint directory, state dict or config that cannot be loaded."""
+
+
+class BadArtifact(TwostepError):
+    """An artifact directory that is missing files, fails its hashes or has a wrong manifest."""
+
+
+class BadInput(TwostepError):
+    """Input text or token ids that the model cannot take."""
+
+
+class BackendUnavailable(TwostepError):
+    """A backend that is unknown, or whose libraries or hardware are missing here."""
+
+
+class ParityFailure(TwostepError):
+    """Exported graphs or a backend that do not match eager PyTorch."""

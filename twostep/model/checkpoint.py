@@ -1,0 +1,132 @@
+"""Checkpoints as a directory: `config.json`, `model.safetensors` and, when there is one, `tokenizer.model`.
+
+Weights are safetensors only: loading a checkpoint never executes code. Every key and shape is checked
+against the config, and all problems are reported in one error.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from twostep.errors import BadCheckpoint
+from twostep.model.config import ModelConfig
+from twostep.model.transformer import Transformer
+
+FORMAT = "twostep-checkpoint"
+VERSION = 1
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.model"
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    model: Transformer
+    task: str | None
+    info: dict[str, Any]
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def tokenizer_path(self) -> Path | None:
+        path = self.path / TOKENIZER_FILE
+        return path if path.is_file() else None
+
+
+def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """The state dict with each tied tensor once, under its first name (safetensors refuses aliases)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key not in seen:
+            seen.add(key)
+            out[name] = tensor
+    return out
+
+
+def load_weights(model: Transformer, tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Load `tensors` (canonical names) into `model`, or raise one error listing every problem."""
+    expected = canonical_state_dict(model)
+    problems = [f"missing tensor {name} {tuple(t.shape)}" for name, t in expected.items() if name not in tensors]
+    problems += [f"unexpected tensor {name}" for name in tensors if name not in expected]
+    problems += [
+        f"tensor {name} has shape {tuple(tensors[name].shape)}, expected {tuple(t.shape)}"
+        for name, t in expected.items()
+        if name in tensors and tensors[name].shape != t.shape
+    ]
+    if problems:
+        raise BadCheckpoint(f"{source}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+    with torch.no_grad():
+        for name, t in expected.items():
+            t.copy_(tensors[name].to(t.dtype))
+
+
+def save_checkpoint(
+    model: Transformer, out_dir: Path, tokenizer: Path | None = None, task: str | None = None,
+    info: dict[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint atomically: a temporary directory renamed into place."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        weights = {k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(model).items()}
+        save_file(weights, str(tmp / WEIGHTS_FILE))
+        meta = {"format": FORMAT, "version": VERSION, "task": task, "model": model.config.to_dict(), **(info or {})}
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    config_file = path / CONFIG_FILE
+    if not path.is_dir():
+        raise BadCheckpoint(f"{path}: not a checkpoint directory (expected a folder with {CONFIG_FILE})")
+    if not config_file.is_file():
+        raise BadCheckpoint(f"{path}: missing {CONFIG_FILE}; is this a twostep checkpoint?")
+    try:
+        meta = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadCheckpoint(f"{config_file}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise BadCheckpoint(f"{config_file}: not a twostep checkpoint config (format != {FORMAT!r})")
+    if meta.get("version") != VERSION:
+        raise BadCheckpoint(f"{config_file}: checkpoint version {meta.get('version')!r}, this twostep reads {VERSION}")
+    return meta
+
+
+def load_checkpoint(path: Path | str) -> Checkpoint:
+    path = Path(path)
+    meta = read_config(path)
+    config = ModelConfig.from_dict(meta["model"])
+    weights_file = path / WEIGHTS_FILE
+    if not weights_file.is_file():
+        raise BadCheckpoint(f"{path}: missing {WEIGHTS_FILE}")
+    try:
+        tensors = load_file(str(weights_file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise BadCheckpoint(f"{weights_file}: cannot read safetensors ({exc})") from None
+    model = Transformer(config)
+    load_weights(model, tensors, str(weights_file))
+    model.eval()
+    info = {k: v for k, v in meta.items() if k not in ("format", "version", "task", "model")}
+    return Checkpoint(path=path, model=model, task=meta.get("task"), info=info)

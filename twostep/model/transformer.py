@@ -1,0 +1,237 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", in one file, top to bottom.
+
+One class family represents every seed model exactly (pre/post norm, LayerNorm flavours, bias-free
+projections, separate d_k/d_v, a norm after the embedding, tied embeddings, scaled logits); the config
+says which. Two methods map one-to-one onto the two exported graphs:
+
+- `encode(input_ids, attention_mask)` runs the encoder once and returns, for every decoder layer, the
+  cross-attention K/V of the source: [(k, v)] with k (B, H, S, Dk), v (B, H, S, Dv).
+- `decode_step(input_ids, encoder_attention_mask, past, cross)` takes new target tokens and the self-attention
+  KV cache, returns logits and the extended cache. Positions come from the cache length; a zero-length
+  cache is the first step.
+
+Both are written for export: no state stored in forward, no Python branch on a tensor value, and a
+mask value taken from the dtype instead of a `-1e9` literal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from twostep.model.config import ModelConfig
+
+KV = tuple[Tensor, Tensor]
+
+
+def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
+    """The paper's positional encoding, computed in float64 and stored as float32. (P, D)"""
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * div)
+    table[:, 1::2] = torch.cos(position * div)[:, : d_model // 2]
+    return table.float()
+
+
+class AnnotatedLayerNorm(nn.Module):
+    """The original Annotated Transformer's norm: `a_2 * (x - mean) / (std + eps) + b_2`, unbiased std."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean = x.mean(-1, keepdim=True)
+        std = x.std(-1, keepdim=True)
+        return self.weight * (x - mean) / (std + self.eps) + self.bias
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.norm_type == "annotated":
+        return AnnotatedLayerNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+
+
+class MultiHeadAttention(nn.Module):
+    """Scaled dot-product attention over H heads; K/V are projected separately so they can be cached."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d, h = config.d_model, config.n_heads
+        self.n_heads, self.d_k, self.d_v = h, config.head_dim_k, config.head_dim_v
+        self.q_proj = nn.Linear(d, h * self.d_k, bias=config.attn_bias)
+        self.k_proj = nn.Linear(d, h * self.d_k, bias=config.attn_bias)
+        self.v_proj = nn.Linear(d, h * self.d_v, bias=config.attn_bias)
+        self.out_proj = nn.Linear(h * self.d_v, d, bias=config.attn_bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def split_heads(self, x: Tensor, head_dim: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, head_dim).transpose(1, 2)  # (B, H, T, Dh)
+
+    def project_kv(self, x: Tensor) -> KV:
+        return self.split_heads(self.k_proj(x), self.d_k), self.split_heads(self.v_proj(x), self.d_v)
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """x (B, Tq, D); k (B, H, Tk, Dk); v (B, H, Tk, Dv); mask broadcastable to (B, H, Tq, Tk), True = attend."""
+        b, t, _ = x.shape
+        q = self.split_heads(self.q_proj(x), self.d_k)  # (B, H, Tq, Dk)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, Tq, Tk)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = self.dropout(F.softmax(scores, dim=-1))
+        out = torch.matmul(weights, v)  # (B, H, Tq, Dv)
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_v)  # (B, Tq, H*Dv)
+        return self.out_proj(out)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.w_1 = nn.Linear(config.d_model, config.d_ff)
+        self.w_2 = nn.Linear(config.d_ff, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(self.dropout(F.relu(self.w_1(x))))
+
+
+class Sublayers(nn.Module):
+    """Residual + norm around each sublayer: pre-norm `x + f(norm(x))`, post-norm `norm(x + f(x))`."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.pre_norm = config.norm_placement == "pre"
+        self.dropout = nn.Dropout(config.dropout)
+
+    def sublayer_input(self, x: Tensor, norm: nn.Module) -> Tensor:
+        return norm(x) if self.pre_norm else x
+
+    def add(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
+        x = x + self.dropout(y)
+        return x if self.pre_norm else norm(x)
+
+
+class EncoderLayer(Sublayers):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.self_attn, self.self_attn_norm = MultiHeadAttention(config), make_norm(config)
+        self.ffn, self.ffn_norm = FeedForward(config), make_norm(config)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        h = self.sublayer_input(x, self.self_attn_norm)
+        k, v = self.self_attn.project_kv(h)
+        x = self.add(x, self.self_attn(h, k, v, mask), self.self_attn_norm)
+        h = self.sublayer_input(x, self.ffn_norm)
+        return self.add(x, self.ffn(h), self.ffn_norm)
+
+
+class DecoderLayer(Sublayers):
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.self_attn, self.self_attn_norm = MultiHeadAttention(config), make_norm(config)
+        self.cross_attn, self.cross_attn_norm = MultiHeadAttention(config), make_norm(config)
+        self.ffn, self.ffn_norm = FeedForward(config), make_norm(config)
+
+    def forward(self, x: Tensor, self_mask: Tensor, past: KV, cross: KV, cross_mask: Tensor) -> tuple[Tensor, KV]:
+        h = self.sublayer_input(x, self.self_attn_norm)
+        k_new, v_new = self.self_attn.project_kv(h)
+        k = torch.cat([past[0], k_new], dim=2)  # (B, H, past + new, Dk)
+        v = torch.cat([past[1], v_new], dim=2)
+        x = self.add(x, self.self_attn(h, k, v, self_mask), self.self_attn_norm)
+        h = self.sublayer_input(x, self.cross_attn_norm)
+        x = self.add(x, self.cross_attn(h, cross[0], cross[1], cross_mask), self.cross_attn_norm)
+        h = self.sublayer_input(x, self.ffn_norm)
+        return self.add(x, self.ffn(h), self.ffn_norm), (k, v)
+
+
+class Stack(nn.Module):
+    """N layers, with the optional norm after the embedding (jadore) and the optional final norm."""
+
+    def __init__(self, config: ModelConfig, layer: type[nn.Module], n_layers: int, final_norm: bool):
+        super().__init__()
+        self.embed_norm = make_norm(config) if config.embed_norm else None
+        self.layers = nn.ModuleList(layer(config) for _ in range(n_layers))
+        self.final_norm = make_norm(config) if final_norm else None
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.src_embed = nn.Embedding(config.src_vocab_size, d)
+        self.tgt_embed = self.src_embed if config.share_embeddings else nn.Embedding(config.tgt_vocab_size, d)
+        self.register_buffer("pos_table", sinusoid_table(config.max_positions, d))  # (P, D)
+        self.embed_scale = math.sqrt(d) if config.scale_embedding else 1.0
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.encoder = Stack(config, EncoderLayer, config.n_encoder_layers, config.encoder_final_norm)
+        self.decoder = Stack(config, DecoderLayer, config.n_decoder_layers, config.decoder_final_norm)
+        self.generator = nn.Linear(d, config.tgt_vocab_size, bias=config.generator_bias)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Glorot / fan_avg on every matrix, as the seeds do; ties are made after init."""
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        if self.config.tie_generator:
+            self.generator.weight = self.tgt_embed.weight
+
+    def embed(self, table: nn.Embedding, stack: Stack, ids: Tensor, start: Tensor | int) -> Tensor:
+        t = ids.shape[1]
+        x = table(ids) * self.embed_scale + self.pos_table[start : start + t]  # (B, T, D)
+        x = self.embed_dropout(x)
+        return stack.embed_norm(x) if stack.embed_norm is not None else x
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor) -> list[KV]:
+        """input_ids, attention_mask (B, S) int64 (1 keep, 0 pad) -> per decoder layer (k, v) of the source."""
+        mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        x = self.embed(self.src_embed, self.encoder, input_ids, 0)
+        for layer in self.encoder.layers:
+            x = layer(x, mask)
+        if self.encoder.final_norm is not None:
+            x = self.encoder.final_norm(x)
+        return [layer.cross_attn.project_kv(x) for layer in self.decoder.layers]
+
+    def decode_step(
+        self, input_ids: Tensor, encoder_attention_mask: Tensor, past: list[KV], cross: list[KV]
+    ) -> tuple[Tensor, list[KV]]:
+        """input_ids (B, T) new tokens; past[i] (B, H, P, Dh) -> logits (B, T, V), present[i] (B, H, P + T, Dh)."""
+        past_len, new_len = past[0][0].shape[2], input_ids.shape[1]
+        query_pos = torch.arange(new_len, device=input_ids.device) + past_len  # (T,)
+        key_pos = torch.arange(past_len + new_len, device=input_ids.device)  # (P + T,)
+        self_mask = (key_pos[None, :] <= query_pos[:, None])[None, None]  # (1, 1, T, P + T)
+        cross_mask = encoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+
+        x = self.embed(self.tgt_embed, self.decoder, input_ids, past_len)
+        present = []
+        for layer, layer_past, layer_cross in zip(self.decoder.layers, past, cross):
+            x, kv = layer(x, self_mask, layer_past, layer_cross, cross_mask)
+            present.append(kv)
+        if self.decoder.final_norm is not None:
+            x = self.decoder.final_norm(x)
+        logits = self.generator(x)
+        if self.config.logit_scale != 1.0:
+            logits = logits * self.config.logit_scale
+        return logits, present
+
+    def empty_cache(self, batch_size: int, dtype: torch.dtype = torch.float32) -> list[KV]:
+        c, device = self.config, self.pos_table.device
+        k = torch.zeros(batch_size, c.n_heads, 0, c.head_dim_k, dtype=dtype, device=device)
+        v = torch.zeros(batch_size, c.n_heads, 0, c.head_dim_v, dtype=dtype, device=device)
+        return [(k, v) for _ in range(c.n_decoder_layers)]
+
+    def forward(self, src_ids: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced training: the first decode step with the whole target prefix. (B, T, V)"""
+        cross = self.encode(src_ids, src_mask)
+        logits, _ = self.decode_step(tgt_in, src_mask, self.empty_cache(src_ids.shape[0]), cross)
+        return logits
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
