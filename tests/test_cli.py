@@ -1,0 +1,89 @@
+"""The CLI as a user runs it: a real process, exit codes, one-line errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import reference_models as ref
+from twostep.model.checkpoint import load_checkpoint
+from twostep.model.evaluate import checkpoint_translator
+from twostep.model.tasks import get_task
+
+
+def twostep(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "twostep.cli", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, timeout=600)
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+def test_evaluate_demo_model_reaches_98_percent(demo_model_dir):
+    result = twostep("evaluate", demo_model_dir, "--split", "test", "--json")
+    assert result.returncode == 0, result.stderr
+    scores = json.loads(result.stdout)
+    assert scores["sentences"] == len(get_task("numbers-en-de").split("test")) == 1000
+    assert scores["exact_match"] >= 98.0
+    assert scores["bleu"] > 90.0
+
+
+def test_translate_arguments_and_stdin_agree_with_the_library(demo_model_dir):
+    sentences = ["three hundred and forty-two", "nineteen thousand, eight hundred and seven"]
+    expected = checkpoint_translator(load_checkpoint(demo_model_dir)).translate(sentences)
+    from_args = twostep("translate", demo_model_dir, *sentences)
+    from_stdin = twostep("translate", demo_model_dir, "--json", stdin="\n".join(sentences) + "\n")
+    assert from_args.returncode == 0 and from_stdin.returncode == 0, from_args.stderr + from_stdin.stderr
+    assert from_args.stdout.splitlines() == expected
+    assert [row["translations"][0]["text"] for row in json.loads(from_stdin.stdout)] == expected
+
+
+def test_init_writes_a_checkpoint(tmp_path):
+    result = twostep("init", "--preset", "tiny", "--vocab", "100", "--out", tmp_path / "ck")
+    assert result.returncode == 0, result.stderr
+    assert load_checkpoint(tmp_path / "ck").config.src_vocab_size == 100
+
+
+def test_import_through_the_cli(tmp_path):
+    torch.save(ref.build_nn_transformer(2, 2, emb_size=32, nhead=4, src_vocab_size=30, tgt_vocab_size=30,
+                                        dim_feedforward=64).state_dict(), tmp_path / "tutorial.pt")
+    result = twostep("import", tmp_path / "tutorial.pt", "--format", "nn-transformer", "--heads", "4",
+                     "--max-positions", "100", "--out", tmp_path / "ck")
+    assert result.returncode == 0, result.stderr
+    assert load_checkpoint(tmp_path / "ck").config.max_positions == 100
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (("evaluate", "/nonexistent/ckpt"), ("not a checkpoint directory",)),
+    (("translate", "/nonexistent/ckpt", "hello"), ("not a checkpoint directory",)),
+    (("import", "/nonexistent.pt", "--format", "annotated", "--heads", "4", "--out", "/tmp/x"), ("file not found",)),
+    (("init", "--preset", "huge", "--vocab", "100", "--out", "/tmp/twostep-never"), ("unknown preset 'huge'",)),
+])
+def test_user_errors_exit_1_without_traceback(args, fragments):
+    assert_user_error(twostep(*args), *fragments)
+
+
+def test_import_unknown_format(tmp_path):
+    torch.save({"w": torch.zeros(1)}, tmp_path / "x.pt")
+    result = twostep("import", tmp_path / "x.pt", "--format", "fairseq", "--heads", "4", "--out", tmp_path / "o")
+    assert_user_error(result, "unknown import format 'fairseq'")
+    assert not (tmp_path / "o").exists()
+
+
+def test_text_commands_need_a_tokenizer(tmp_path):
+    assert twostep("init", "--preset", "tiny", "--vocab", "50", "--out", tmp_path / "ck").returncode == 0
+    assert_user_error(twostep("translate", tmp_path / "ck", "one"), "no tokenizer.model")
+
+
+def test_empty_input_is_a_user_error(demo_model_dir):
+    assert_user_error(twostep("translate", demo_model_dir, stdin="\n\n"), "no input")

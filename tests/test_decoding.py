@@ -1,0 +1,65 @@
+"""The decoding loop, on the eager reference: strategies agree where they must."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twostep.errors import BadInput
+from twostep.runtime import decoding
+from twostep.runtime.torch_session import TorchSession
+
+COMMON = dict(bos_id=2, eos_id=3, pad_id=0, max_new_tokens=10)
+SOURCES = [[5, 9, 13, 7, 3], [11, 3], [8, 8, 21, 33, 40, 12, 6, 3]]
+
+
+def test_batch_of_different_lengths_equals_one_by_one(tiny_model):
+    session = TorchSession(tiny_model)
+    batched = decoding.greedy(session, SOURCES, **COMMON)
+    assert batched == [decoding.greedy(session, [s], **COMMON)[0] for s in SOURCES]
+    beams = decoding.beam_search(session, SOURCES, beam_size=3, n_best=2, **COMMON)
+    singles = [decoding.beam_search(session, [s], beam_size=3, n_best=2, **COMMON)[0] for s in SOURCES]
+    assert [[h.tokens for h in hyps] for hyps in beams] == [[h.tokens for h in hyps] for hyps in singles]
+    for got, want in zip(beams, singles):
+        np.testing.assert_allclose([h.score for h in got], [h.score for h in want], atol=1e-4)
+
+
+def test_beam_of_one_is_greedy(tiny_model):
+    session = TorchSession(tiny_model)
+    beams = decoding.beam_search(session, SOURCES, beam_size=1, **COMMON)
+    assert [hyps[0].tokens for hyps in beams] == decoding.greedy(session, SOURCES, **COMMON)
+
+
+def test_beam_scores_are_sorted_and_not_worse_than_greedy(tiny_model):
+    session = TorchSession(tiny_model)
+    greedy = decoding.beam_search(session, SOURCES, beam_size=1, length_penalty=0.0, **COMMON)
+    beams = decoding.beam_search(session, SOURCES, beam_size=5, n_best=3, length_penalty=0.0, **COMMON)
+    for g, hyps in zip(greedy, beams):
+        scores = [h.score for h in hyps]
+        assert len(hyps) == 3 and scores == sorted(scores, reverse=True)
+        assert scores[0] >= g[0].score - 1e-6
+
+
+def test_suppressed_eos_gives_fixed_length(tiny_model):
+    out = decoding.greedy(TorchSession(tiny_model), SOURCES, suppress_eos=True, **COMMON)
+    assert [len(o) for o in out] == [10, 10, 10] and all(3 not in o for o in out)
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(tiny_model):
+    session = TorchSession(tiny_model)
+    a = decoding.sample(session, SOURCES, seed=7, temperature=1.5, **COMMON)
+    b = decoding.sample(session, SOURCES, seed=7, temperature=1.5, **COMMON)
+    c = decoding.sample(session, SOURCES, seed=8, temperature=1.5, **COMMON)
+    assert a == b and a != c
+    assert decoding.sample(session, SOURCES, seed=1, top_k=1, **COMMON) == decoding.greedy(session, SOURCES, **COMMON)
+    assert decoding.sample(session, SOURCES, seed=1, top_p=1e-6, **COMMON) == decoding.greedy(session, SOURCES, **COMMON)
+
+
+def test_bad_decoding_options(tiny_model):
+    session = TorchSession(tiny_model)
+    with pytest.raises(BadInput, match="n_best"):
+        decoding.beam_search(session, SOURCES, beam_size=2, n_best=3, **COMMON)
+    with pytest.raises(BadInput, match="temperature"):
+        decoding.sample(session, SOURCES, temperature=0.0, **COMMON)
+    with pytest.raises(BadInput, match="empty"):
+        decoding.greedy(session, [[]], **COMMON)

@@ -1,0 +1,219 @@
+"""Decoding, written once for every backend.
+
+A backend hands the loop a `StepSession`: it runs the encoder once per batch, then one decoder step at a
+time, keeping the KV cache wherever it likes (host or device). The loop only ever sees the logits of the
+last position and sends back token ids, plus beam origins for beam search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from twostep.errors import BadInput
+
+
+class StepSession(Protocol):
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
+        """Encode a batch (B, S) int64 and reset the self-attention cache to zero length."""
+
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        """Feed new tokens (B, T) int64; return float32 logits of the last position (B, V)."""
+
+    def reorder(self, origin: np.ndarray) -> None:
+        """Keep batch rows `origin` (B',) of the cache, cross K/V and mask: beam search's gather."""
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad token lists into (B, S) ids and a (B, S) mask (1 keep, 0 pad)."""
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise BadInput("empty input: every sentence needs at least one token")
+    width = max(len(s) for s in sequences)
+    ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(sequences), width), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
+def greedy(
+    session: StepSession, sources: Sequence[Sequence[int]], *, bos_id: int, eos_id: int, pad_id: int,
+    max_new_tokens: int, suppress_eos: bool = False,
+) -> list[list[int]]:
+    """Batched greedy decoding; each result stops before its eos (or at max_new_tokens)."""
+    ids, mask = pad_batch(sources, pad_id)
+    session.start(ids, mask)
+    batch = len(sources)
+    tokens = np.full((batch, 1), bos_id, dtype=np.int64)
+    done = np.zeros(batch, dtype=bool)
+    out = np.zeros((batch, max_new_tokens), dtype=np.int64)
+    lengths = np.full(batch, max_new_tokens)
+    for t in range(max_new_tokens):
+        logits = session.step(tokens)
+        if suppress_eos:
+            logits[:, eos_id] = -np.inf
+        next_ids = logits.argmax(-1)
+        out[:, t] = next_ids
+        ended = ~done & (next_ids == eos_id)
+        lengths[ended] = t
+        done |= ended
+        if done.all():
+            break
+        tokens = next_ids[:, None]
+    return [out[b, : lengths[b]].tolist() for b in range(batch)]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: list[int]
+    score: float  # sum of log-probs divided by length ** length_penalty
+
+
+def beam_search(
+    session: StepSession, sources: Sequence[Sequence[int]], *, beam_size: int, bos_id: int, eos_id: int,
+    pad_id: int, max_new_tokens: int, length_penalty: float = 1.0, n_best: int = 1, suppress_eos: bool = False,
+) -> list[list[Hypothesis]]:
+    """Batched beam search. Each sentence keeps `beam_size` live hypotheses; the cache rows follow their beam
+    of origin (`session.reorder`). A sentence is done once it has `n_best` finished hypotheses and its best
+    live one, normalised at the current length, cannot beat the worst of them."""
+    if not 1 <= n_best <= beam_size:
+        raise BadInput(f"n_best must be between 1 and the beam size {beam_size}, got {n_best}")
+    ids, mask = pad_batch(sources, pad_id)
+    session.start(ids, mask)
+    batch, k = len(sources), beam_size
+    session.reorder(np.repeat(np.arange(batch), k))  # (B*K) rows, sentence-major
+    scores = np.full((batch, k), -np.inf)
+    scores[:, 0] = 0.0  # the first step expands one beam only
+    history = np.zeros((batch * k, 0), dtype=np.int64)
+    tokens = np.full((batch * k, 1), bos_id, dtype=np.int64)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    done = np.zeros(batch, dtype=bool)
+
+    def norm(score: float, length: int) -> float:
+        return score / (max(length, 1) ** length_penalty)
+
+    for t in range(max_new_tokens):
+        logp = log_softmax(session.step(tokens).astype(np.float64))  # (B*K, V)
+        if suppress_eos:
+            logp[:, eos_id] = -np.inf
+        vocab = logp.shape[-1]
+        total = (scores[:, :, None] + logp.reshape(batch, k, vocab)).reshape(batch, k * vocab)
+        next_scores = np.full((batch, k), -np.inf)
+        next_tokens = np.full((batch, k), pad_id, dtype=np.int64)
+        origins = np.tile(np.arange(k), (batch, 1))
+        for b in range(batch):
+            if done[b]:
+                continue
+            kept = 0
+            for flat in np.argsort(-total[b], kind="stable")[: 2 * k]:
+                beam, token, score = divmod(int(flat), vocab) + (float(total[b, flat]),)
+                if score == -np.inf:
+                    break
+                if token == eos_id:
+                    prefix = history[b * k + beam].tolist()
+                    finished[b].append(Hypothesis(prefix, norm(score, t + 1)))
+                    continue
+                next_scores[b, kept], next_tokens[b, kept], origins[b, kept] = score, token, beam
+                kept += 1
+                if kept == k:
+                    break
+            finished[b].sort(key=lambda h: -h.score)
+            del finished[b][n_best:]
+            best_alive = norm(next_scores[b, 0], t + 1)
+            if kept == 0 or (len(finished[b]) == n_best and finished[b][-1].score >= best_alive):
+                done[b] = True
+        if done.all():
+            break
+        rows = (np.arange(batch)[:, None] * k + origins).reshape(-1)
+        session.reorder(rows)
+        history = np.concatenate([history[rows], next_tokens.reshape(-1, 1)], axis=1)
+        scores, tokens = next_scores, next_tokens.reshape(-1, 1)
+    for b in range(batch):  # sentences that hit max_new_tokens: their live beams count as finished
+        if not done[b]:
+            for beam in range(k):
+                if scores[b, beam] > -np.inf:
+                    finished[b].append(Hypothesis(history[b * k + beam].tolist(),
+                                                  norm(scores[b, beam], history.shape[1])))
+            finished[b].sort(key=lambda h: -h.score)
+            del finished[b][n_best:]
+    return finished
+
+
+def sample(
+    session: StepSession, sources: Sequence[Sequence[int]], *, bos_id: int, eos_id: int, pad_id: int,
+    max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+) -> list[list[int]]:
+    """Batched sampling with temperature, top-k and nucleus (top-p) filtering; `seed` makes it repeatable."""
+    if temperature <= 0:
+        raise BadInput(f"temperature must be positive, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise BadInput(f"top_p must be in (0, 1], got {top_p}")
+    rng = np.random.default_rng(seed)
+    ids, mask = pad_batch(sources, pad_id)
+    session.start(ids, mask)
+    batch = len(sources)
+    tokens = np.full((batch, 1), bos_id, dtype=np.int64)
+    done = np.zeros(batch, dtype=bool)
+    out: list[list[int]] = [[] for _ in range(batch)]
+    for _ in range(max_new_tokens):
+        logits = session.step(tokens).astype(np.float64) / temperature
+        if top_k > 0:
+            kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
+            logits = np.where(logits < kth, -np.inf, logits)
+        probs = np.exp(log_softmax(logits))
+        if top_p < 1.0:
+            order = np.argsort(-probs, axis=-1, kind="stable")
+            sorted_probs = np.take_along_axis(probs, order, -1)
+            keep_sorted = np.cumsum(sorted_probs, -1) - sorted_probs < top_p  # the smallest set reaching top_p
+            keep = np.zeros_like(keep_sorted)
+            np.put_along_axis(keep, order, keep_sorted, -1)
+            probs = np.where(keep, probs, 0.0)
+            probs /= probs.sum(-1, keepdims=True)
+        next_ids = np.array([rng.choice(probs.shape[-1], p=p) for p in probs], dtype=np.int64)
+        for b in np.flatnonzero(~done):
+            if next_ids[b] == eos_id:
+                done[b] = True
+            else:
+                out[b].append(int(next_ids[b]))
+        if done.all():
+            break
+        tokens = next_ids[:, None]
+    return out
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    n_best: int = 1
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_new_tokens: int | None = None  # None: 2 * source length + 16, capped by max_positions
+    suppress_eos: bool = False
+
+
+def decode(session: StepSession, sources: Sequence[Sequence[int]], options: DecodeOptions, *, bos_id: int,
+           eos_id: int, pad_id: int, max_new_tokens: int) -> list[list[Hypothesis]]:
+    """One entry point for every strategy; greedy and sampling give one hypothesis with score 0."""
+    common = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_new_tokens=max_new_tokens)
+    if options.sampling:
+        outs = sample(session, sources, temperature=options.temperature, top_k=options.top_k,
+                      top_p=options.top_p, seed=options.seed, **common)
+        return [[Hypothesis(o, 0.0)] for o in outs]
+    if options.beam_size > 1:
+        return beam_search(session, sources, beam_size=options.beam_size, length_penalty=options.length_penalty,
+                           n_best=options.n_best, suppress_eos=options.suppress_eos, **common)
+    outs = greedy(session, sources, suppress_eos=options.suppress_eos, **common)
+    return [[Hypothesis(o, 0.0)] for o in outs]

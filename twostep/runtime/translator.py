@@ -1,0 +1,109 @@
+"""Text in, text out: tokenizer + decoding loop over any backend's step session."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from twostep.errors import BadInput
+from twostep.runtime import decoding
+from twostep.runtime.decoding import DecodeOptions, Hypothesis, StepSession
+from twostep.runtime.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Specials:
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    vocab_size: int  # source vocab: ids must be below it
+    max_positions: int
+
+    @classmethod
+    def of(cls, config) -> "Specials":
+        return cls(pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id,
+                   vocab_size=config.src_vocab_size, max_positions=config.max_positions)
+
+
+class Translator:
+    def __init__(self, session: StepSession, specials: Specials, tokenizer: Tokenizer | None = None,
+                 batch_size: int = 32, options: DecodeOptions = DecodeOptions()):
+        self.session, self.specials, self.tokenizer = session, specials, tokenizer
+        self.batch_size, self.options = batch_size, options
+
+    def check_ids(self, sources: Sequence[Sequence[int]]) -> None:
+        s = self.specials
+        for i, ids in enumerate(sources):
+            if len(ids) == 0:
+                raise BadInput(f"sentence {i + 1} is empty")
+            if len(ids) > s.max_positions:
+                raise BadInput(
+                    f"sentence {i + 1} has {len(ids)} tokens, the model takes at most {s.max_positions} "
+                    "(max_positions); split it into shorter sentences"
+                )
+            bad = [t for t in ids if not 0 <= t < s.vocab_size]
+            if bad:
+                raise BadInput(f"sentence {i + 1} has token ids outside the vocabulary [0, {s.vocab_size}): {bad[:5]}")
+
+    def max_new_tokens(self, sources: Sequence[Sequence[int]]) -> int:
+        return min(self.specials.max_positions, 2 * max(len(s) for s in sources) + 16)
+
+    def decode_ids(self, sources: Sequence[Sequence[int]]) -> list[list[Hypothesis]]:
+        """Token ids in (each ending with eos), n-best hypotheses out (without bos/eos), in input order."""
+        self.check_ids(sources)
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths share a batch
+        results: list[list[Hypothesis]] = [[] for _ in sources]
+        s = self.specials
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            batch = [sources[i] for i in chunk]
+            outs = decoding.decode(
+                self.session, batch, self.options, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
+                max_new_tokens=self.options.max_new_tokens or self.max_new_tokens(batch),
+            )
+            for i, out in zip(chunk, outs):
+                results[i] = out
+        return results
+
+    def translate_ids(self, sources: Sequence[Sequence[int]]) -> list[list[int]]:
+        return [hyps[0].tokens if hyps else [] for hyps in self.decode_ids(sources)]
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        if self.tokenizer is None:
+            raise BadInput("this model has no tokenizer.model: text translation needs one (token-id APIs work without)")
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise BadInput(f"sentence {i + 1} is empty")
+        return [self.tokenizer.encode_source(text) for text in texts]
+
+    def translate(self, texts: Sequence[str]) -> list[str]:
+        return [self.tokenizer.decode(ids) for ids in self.translate_ids(self.encode(texts))]
+
+    def translate_nbest(self, texts: Sequence[str]) -> list[list[tuple[str, float]]]:
+        return [[(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
+                for hyps in self.decode_ids(self.encode(texts))]
+
+
+def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Path | None = None,
+                    options: DecodeOptions = DecodeOptions(), batch_size: int = 32, **backend_options):
+    """A Translator over an artifact directory (any backend; ort-cpu by default) or over a checkpoint
+    directory (the torch backend). Returns (translator, backend) so the caller can close the backend."""
+    from twostep.artifact import MANIFEST
+    from twostep.runtime import backends
+
+    model_dir = Path(model_dir)
+    if (model_dir / MANIFEST).is_file():
+        from twostep.artifact import load_artifact
+
+        artifact = load_artifact(model_dir)
+        be = backends.create(backend or "ort-cpu", artifact=artifact, checkpoint_dir=checkpoint, **backend_options)
+        tokenizer_path = artifact.tokenizer_path
+    else:
+        if backend not in (None, "torch"):
+            raise BadInput(f"{model_dir} is not an artifact directory (no {MANIFEST}); backend {backend!r} runs "
+                           "exported graphs: run `twostep export` first, or use --backend torch on a checkpoint")
+        be = backends.create("torch", checkpoint_dir=model_dir, **backend_options)
+        tokenizer_path = model_dir / "tokenizer.model"
+    tokenizer = Tokenizer(tokenizer_path) if tokenizer_path is not None and tokenizer_path.is_file() else None
+    return Translator(be.session(), Specials.of(be.config), tokenizer, batch_size, options), be
