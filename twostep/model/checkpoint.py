@@ -89,6 +89,7 @@ def save_checkpoint(
             shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)
         if out_dir.exists():
             shutil.rmtree(out_dir)
+        tmp.chmod(0o755)
         tmp.rename(out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

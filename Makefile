@@ -1,0 +1,31 @@
+# `make demo` and `make test` each set up the environment on a fresh machine, then run.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DEMO := twostep/demo/model
+
+.PHONY: setup test demo clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest
+
+ART := artifacts/demo
+
+demo: setup
+	$(BIN)/twostep evaluate $(DEMO) --split test
+	$(BIN)/twostep export $(DEMO) --out $(ART)
+	$(BIN)/twostep inspect $(ART)
+	$(BIN)/twostep verify $(ART) --checkpoint $(DEMO) --backend ort-cpu
+	$(BIN)/twostep translate $(ART) --beam 4 "three hundred and forty-two" \
+		"nineteen thousand, eight hundred and seven" "six hundred and fifty-one thousand, two hundred and ninety-nine"
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info artifacts

@@ -1,0 +1,236 @@
+"""The `twostep` command: a thin typer shell. Each command parses, calls one library function, prints, exits.
+
+User errors (`TwostepError`) print one line to stderr and exit 1; anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from twostep.errors import TwostepError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Deploy PyTorch encoder-decoder Transformers as two ONNX graphs with a KV cache.")
+# Piped output is read by programs and tests: no 80-column wrapping there.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
+
+
+def emit_json(data) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+@app.command()
+def train(
+    out_dir: Path = typer.Option(..., "--out", help="Checkpoint directory to write."),
+    task: str = typer.Option("numbers-en-de", help="Bundled task to train on."),
+    preset: str = typer.Option("demo", help="Model size preset: tiny, demo, base."),
+    steps: int = typer.Option(2400, min=1),
+    max_tokens: int = typer.Option(3000, min=16, help="Target tokens per batch, padding included."),
+    warmup: int = typer.Option(400, min=1),
+    lr_factor: float = typer.Option(0.8, min=0.0),
+    vocab_size: int = typer.Option(256, min=16),
+    eval_every: int = typer.Option(300, min=1),
+    seed: int = typer.Option(1),
+    threads: int = typer.Option(2, min=1),
+    resume: bool = typer.Option(False, help="Continue from OUT.train/ if an earlier run left it."),
+) -> None:
+    """Train a model on a bundled task with the seeds' recipe (Noam, label smoothing, length batches)."""
+    from twostep.model.train import TrainConfig, train as run_train
+
+    cfg = TrainConfig(task=task, preset=preset, steps=steps, max_tokens=max_tokens, warmup=warmup,
+                      lr_factor=lr_factor, vocab_size=vocab_size, eval_every=eval_every, seed=seed, threads=threads)
+    command = "twostep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    scores = run_train(cfg, out_dir, resume=resume, command=command, log=out.print)
+    out.print(f"wrote {out_dir} (dev exact match {scores.exact_match:.1f}%)")
+
+
+@app.command()
+def evaluate(
+    ckpt_dir: Path = typer.Argument(..., help="Checkpoint directory."),
+    split: str = typer.Option("test", help="train, dev or test."),
+    limit: Optional[int] = typer.Option(None, min=1, help="Only the first N sentences."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Exact match and BLEU of greedy decoding in eager PyTorch on a split of the checkpoint's task."""
+    from twostep.model.checkpoint import load_checkpoint
+    from twostep.model.evaluate import checkpoint_translator, evaluate as run_evaluate
+
+    ckpt = load_checkpoint(ckpt_dir)
+    if ckpt.task is None:
+        raise TwostepError(f"{ckpt_dir}: the checkpoint names no task; evaluate needs one of the bundled tasks")
+    scores = run_evaluate(checkpoint_translator(ckpt), ckpt.task, split, limit)
+    if as_json:
+        emit_json(scores.to_dict())
+    else:
+        out.print(f"{scores.task} {scores.split}: {scores.sentences} sentences, exact match "
+                  f"{scores.exact_match:.2f}%, BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f}")
+
+
+@app.command()
+def translate(
+    model_dir: Path = typer.Argument(..., help="Artifact directory (any backend) or checkpoint (torch)."),
+    text: Optional[list[str]] = typer.Argument(None, help="Sentences; read from stdin, one a line, when omitted."),
+    backend: Optional[str] = typer.Option(None, help="torch, ort-cpu, ort-cuda; default ort-cpu for artifacts."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint, for --backend torch on an artifact."),
+    beam: int = typer.Option(1, min=1, help="Beam size; 1 is greedy."),
+    n_best: int = typer.Option(1, min=1, help="Hypotheses per sentence (with --beam)."),
+    length_penalty: float = typer.Option(1.0),
+    sample: bool = typer.Option(False, help="Sample instead of searching."),
+    temperature: float = typer.Option(1.0), top_k: int = typer.Option(0, min=0), top_p: float = typer.Option(1.0),
+    seed: Optional[int] = typer.Option(None),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1),
+    threads: Optional[int] = typer.Option(None, min=1),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Translate sentences with any backend."""
+    from twostep.runtime.decoding import DecodeOptions
+    from twostep.runtime.translator import open_translator
+
+    sentences = list(text) if text else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not sentences:
+        raise TwostepError("no input: give sentences as arguments or one per line on stdin")
+    options = DecodeOptions(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
+                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                            max_new_tokens=max_new_tokens)
+    extra = {"threads": threads} if threads else {}
+    translator, be = open_translator(model_dir, backend, checkpoint, options, **extra)
+    with be:
+        results = translator.translate_nbest(sentences)
+    if as_json:
+        emit_json([{"source": s, "translations": [{"text": t, "score": sc} for t, sc in hyps]}
+                   for s, hyps in zip(sentences, results)])
+    else:
+        for hyps in results:
+            for t, _ in hyps:
+                out.print(t, markup=False, highlight=False)
+
+
+@app.command()
+def export(
+    ckpt_dir: Path = typer.Argument(..., help="Checkpoint directory."),
+    out_dir: Path = typer.Option(..., "--out", help="Artifact directory to write (replaced atomically)."),
+    opset: int = typer.Option(18, help="ONNX opset, 17..23."),
+    dtype: str = typer.Option("fp32", help="fp32."),
+) -> None:
+    """Export a checkpoint as encoder.onnx + decoder.onnx + manifest.json, validated against eager PyTorch."""
+    from twostep.exporter.export import export as run_export
+
+    with err.status("exporting") as status:
+        result = run_export(ckpt_dir, out_dir, opset=opset, dtype=dtype, log=lambda m: status.update(m))
+    worst = max(result.report.max_error.values(), default=0.0)
+    out.print(f"wrote {result.path} in {result.seconds:.1f}s: {result.report.cases} shape cases validated, "
+              f"max error {worst:.2e}")
+
+
+@app.command()
+def verify(
+    art_dir: Path = typer.Argument(..., help="Artifact directory."),
+    checkpoint: Path = typer.Option(..., help="The checkpoint it was exported from (the eager reference)."),
+    backend: str = typer.Option("ort-cpu"),
+    beam: int = typer.Option(4, min=2, help="Beam size of the beam-search check."),
+    limit: Optional[int] = typer.Option(None, min=1, help="Only the first N test sentences."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Graph parity on the shape grid, then greedy and beam outputs on the test split, against eager PyTorch."""
+    from twostep.verify import verify as run_verify
+
+    with err.status("verifying") as status:
+        report = run_verify(art_dir, checkpoint, backend, beam, limit, log=lambda m: status.update(m))
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        table = Table(title=f"{backend} vs eager PyTorch (fp32)")
+        table.add_column("output")
+        table.add_column("max abs error", justify="right")
+        for name, error in report.graphs.max_error.items():
+            table.add_row(name, f"{error:.2e}")
+        out.print(table)
+        for failure in report.graphs.failures[:20]:
+            out.print(f"[red]FAIL[/red] {failure}", highlight=False)
+        for s in report.sequences:
+            mark = "[green]ok[/green]" if s.share >= report.required_share else "[red]FAIL[/red]"
+            out.print(f"{mark} {s.mode}: {s.identical}/{s.sentences} sequences identical ({100 * s.share:.1f}%)")
+        out.print("[green]verified[/green]" if report.ok else "[red]verification failed[/red]")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def inspect(art_dir: Path = typer.Argument(..., help="Artifact directory.")) -> None:
+    """The artifact's graphs and their inputs and outputs, from the manifest."""
+    from twostep.artifact import load_artifact
+
+    artifact = load_artifact(art_dir, check_hashes=False)
+    m, c = artifact.manifest, artifact.config
+    out.print(f"{art_dir}: schema {m['schema_version']}, opset {m['opset']}, {m['dtype']}, "
+              f"{c.d_model}d {c.n_encoder_layers}+{c.n_decoder_layers} layers {c.n_heads} heads, "
+              f"vocab {c.src_vocab_size}/{c.tgt_vocab_size}, max positions {c.max_positions}")
+    for name, spec in artifact.graphs.items():
+        table = Table(title=f"{name} ({m['graphs'][name]['file']})")
+        for column in ("", "name", "dtype", "shape"):
+            table.add_column(column)
+        for kind, tensors in (("in", spec.inputs), ("out", spec.outputs)):
+            for t in tensors:
+                table.add_row(kind, t.name, t.dtype, Text("[" + ", ".join(map(str, t.shape)) + "]"))
+        out.print(table)
+
+
+@app.command("init")
+def init_cmd(
+    out_dir: Path = typer.Option(..., "--out"),
+    preset: str = typer.Option("base", help="tiny, demo or base."),
+    vocab: int = typer.Option(32000, min=8, help="Source and target vocab size."),
+    tgt_vocab: Optional[int] = typer.Option(None, min=8, help="Target vocab size, when it differs."),
+    seed: int = typer.Option(0),
+) -> None:
+    """Write a checkpoint with random (xavier) weights, for benchmarks at real sizes without training."""
+    from twostep.model.init import init_checkpoint
+
+    ckpt = init_checkpoint(out_dir, preset, vocab, tgt_vocab, seed)
+    out.print(f"wrote {out_dir}: preset {preset}, {ckpt.model.num_parameters():,} parameters")
+
+
+@app.command("import")
+def import_cmd(
+    src: Path = typer.Argument(..., help="A torch.save'd state dict (loaded with weights_only=True)."),
+    fmt: str = typer.Option(..., "--format", help="annotated, jadore, mha or nn-transformer."),
+    out_dir: Path = typer.Option(..., "--out"),
+    n_heads: int = typer.Option(..., "--heads", min=1, help="Attention heads (shapes cannot tell)."),
+    tokenizer: Optional[Path] = typer.Option(None, help="SentencePiece model to ship with the checkpoint."),
+    max_positions: Optional[int] = typer.Option(None, min=1, help="Keep only the first N positions."),
+    scale_emb_or_prj: str = typer.Option("prj", help="jadore: 'emb', 'prj' or 'none', as it was trained."),
+    pad_id: int = typer.Option(0), unk_id: int = typer.Option(1), bos_id: int = typer.Option(2),
+    eos_id: int = typer.Option(3),
+) -> None:
+    """Import a foreign checkpoint (seed families, PyTorch's nn.Transformer tutorial) into a twostep checkpoint."""
+    from twostep.model.importers import ImportOptions, import_state_dict_file
+
+    options = ImportOptions(n_heads=n_heads, max_positions=max_positions, scale_emb_or_prj=scale_emb_or_prj,
+                            pad_id=pad_id, unk_id=unk_id, bos_id=bos_id, eos_id=eos_id)
+    ckpt = import_state_dict_file(src, fmt, out_dir, options, tokenizer)
+    c = ckpt.config
+    out.print(f"wrote {out_dir}: {fmt}, {c.d_model}d, {c.n_encoder_layers}+{c.n_decoder_layers} layers, "
+              f"{c.n_heads} heads, {ckpt.model.num_parameters():,} parameters")
+
+
+def main() -> None:
+    try:
+        app()
+    except TwostepError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

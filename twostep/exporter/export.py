@@ -1,0 +1,104 @@
+"""Export is a pipeline: build both graphs, validate them, save. It writes into a temporary directory beside
+the target and renames it into place only after validation passed; a failed export leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import twostep
+from twostep.artifact import FORMAT, GRAPH_FILES, SCHEMA_VERSION, load_artifact, write_manifest
+from twostep.errors import BadInput, ParityFailure
+from twostep.exporter.graphs import TRACE_SIZES, export_graph
+from twostep.exporter.spec import graph_specs
+from twostep.exporter.validate import SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_graphs
+from twostep.model.checkpoint import load_checkpoint
+from twostep.runtime.backends.ort import OrtBackend
+from twostep.runtime.backends.torch_backend import TorchBackend
+
+DTYPES = {"fp32": "float32"}
+DEFAULT_OPSET = 18
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    report: ParityReport
+    seconds: float
+
+
+def versions() -> dict[str, str]:
+    out = {"twostep": twostep.__version__}
+    for package in ("torch", "onnx", "onnxscript", "onnxruntime"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str = "fp32",
+           log=lambda message: None) -> ExportResult:
+    if dtype not in DTYPES:
+        raise BadInput(f"--dtype {dtype!r} is not supported by this exporter; choose one of {', '.join(DTYPES)}")
+    if not 17 <= opset <= 23:
+        raise BadInput(f"--opset {opset} is outside the supported range 17..23")
+    started = time.perf_counter()
+    ckpt = load_checkpoint(ckpt_dir)
+    model, onnx_dtype = ckpt.model.eval(), DTYPES[dtype]
+    specs = graph_specs(model.config, onnx_dtype)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        torch.manual_seed(0)
+        for graph, spec in specs.items():
+            log(f"exporting {graph}")
+            export_graph(model, graph, spec, tmp / GRAPH_FILES[graph], opset)
+        if ckpt.tokenizer_path is not None:
+            shutil.copyfile(ckpt.tokenizer_path, tmp / "tokenizer.model")
+        problems = [p for graph, spec in specs.items() for p in check_declaration(tmp / GRAPH_FILES[graph], spec)]
+        if problems:
+            raise ParityFailure("exported graphs do not match their declaration:\n  " + "\n  ".join(problems))
+        c = model.config
+        manifest = {
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "model": c.to_dict(),
+            "special_tokens": {"pad": c.pad_id, "unk": c.unk_id, "bos": c.bos_id, "eos": c.eos_id},
+            "source_suffix": "eos",  # source token ids end with eos; decoding starts from bos
+            "max_positions": c.max_positions,
+            "dtype": onnx_dtype,
+            "opset": opset,
+            "graphs": {g: {"file": GRAPH_FILES[g], **spec.to_dict()} for g, spec in specs.items()},
+            "tokenizer": "tokenizer.model" if ckpt.tokenizer_path is not None else None,
+            "task": ckpt.task,
+            "exporter": {"versions": versions(), "trace_sizes": TRACE_SIZES,
+                         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+        }
+        write_manifest(tmp, manifest)
+        log("validating against eager PyTorch on the shape grid")
+        with OrtBackend(load_artifact(tmp)) as candidate, TorchBackend(model) as reference:
+            report = compare_graphs(candidate, reference, onnx_dtype)
+        if not report.ok:
+            raise ParityFailure(f"{len(report.failures)} parity failure(s) after export:\n  "
+                                + "\n  ".join(report.failures[:50]))
+        manifest["validation"] = {"tolerances": TOLERANCES[onnx_dtype], "shape_grid": SHAPE_GRID,
+                                  "cases": report.cases, "max_error": report.max_error}
+        write_manifest(tmp, manifest)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.chmod(0o755)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(out_dir, report, time.perf_counter() - started)

@@ -1,0 +1,93 @@
+"""The two exported graphs: thin wrappers that flatten `encode` and `decode_step` into named tensors.
+
+Nothing here re-implements the model: the wrappers only turn per-layer (k, v) pairs into flat tensor lists
+in the order the spec declares.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.export import Dim
+
+from twostep.exporter.spec import GraphSpec
+from twostep.model.transformer import Transformer
+
+
+def pairs(flat: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+def flatten(kv: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
+    return [t for pair in kv for t in pair]
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> list[Tensor]:
+        return flatten(self.model.encode(input_ids, attention_mask))
+
+
+class DecoderGraph(nn.Module):
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, past_self: list[Tensor],
+                past_cross: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
+                                                 pairs(past_cross))
+        return logits, flatten(present)
+
+
+# Example sizes for tracing: at least 2 on every dynamic axis (a size of 1 would be specialised away), and
+# different from each other so that no two axes are mistaken for one; validation then runs on other shapes.
+TRACE_SIZES = {"batch": 2, "src_len": 5, "new_len": 3, "past_len": 4}
+
+
+def example_inputs(model: Transformer, graph: str) -> tuple:
+    b, s, t, p = (TRACE_SIZES[k] for k in ("batch", "src_len", "new_len", "past_len"))
+    vocab = min(model.config.src_vocab_size, model.config.tgt_vocab_size)
+    ids = torch.randint(4, max(vocab, 5), (b, s))
+    mask = torch.ones(b, s, dtype=torch.long)
+    mask[1, -1] = 0
+    if graph == "encoder":
+        return ids, mask
+    with torch.no_grad():
+        cross = flatten(model.encode(ids, mask))
+        prefix = torch.randint(4, max(vocab, 5), (b, p))
+        _, past = model.decode_step(prefix, mask, model.empty_cache(b), pairs(cross))
+    return torch.randint(4, max(vocab, 5), (b, t)), mask, flatten(past), cross
+
+
+def dynamic_shapes(spec: GraphSpec, graph: str) -> tuple:
+    """torch.export dims from the spec's symbolic axis names (composite output axes are derived)."""
+    dims = {name: Dim(name, min=0 if name == "past_len" else 1) for name in TRACE_SIZES}
+
+    def axes(tensor_shape):
+        return {i: dims[d] for i, d in enumerate(tensor_shape) if isinstance(d, str)}
+
+    shapes = [axes(t.shape) for t in spec.inputs]
+    if graph == "encoder":
+        return tuple(shapes)
+    n_self = sum(1 for t in spec.inputs if "_self_" in t.name)
+    return shapes[0], shapes[1], shapes[2 : 2 + n_self], shapes[2 + n_self :]
+
+
+def export_graph(model: Transformer, graph: str, spec: GraphSpec, path: Path, opset: int) -> None:
+    wrapper = (EncoderGraph if graph == "encoder" else DecoderGraph)(model).eval()
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and axis-renaming chatter
+        torch.onnx.export(
+            wrapper, example_inputs(model, graph), str(path), dynamo=True, external_data=False,
+            input_names=spec.input_names, output_names=spec.output_names, opset_version=opset,
+            dynamic_shapes=dynamic_shapes(spec, graph), optimize=True, verbose=False,
+        )

@@ -1,0 +1,140 @@
+"""Validation: the graphs against their declaration, then values against eager PyTorch in fp32 on a grid of
+shapes different from the trace shapes, with a per-output tolerance table. Every failure is reported at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from twostep.exporter.spec import GraphSpec
+from twostep.runtime.backends.base import Backend
+
+# Batch 1 and 3; source lengths 1, 7 and 33 with padding; past 0, 1 and 17; new tokens 1 and 4.
+SHAPE_GRID = {"batch": (1, 3), "src_len": (1, 7, 33), "past_len": (0, 1, 17), "new_len": (1, 4)}
+
+# (atol, rtol) per output kind and dtype; "logits" and "kv" (every K/V tensor).
+TOLERANCES = {
+    "float32": {"logits": (1e-4, 1e-4), "kv": (1e-4, 1e-4)},
+    "float16": {"logits": (5e-2, 5e-2), "kv": (2e-2, 2e-2)},
+}
+
+ONNX_TYPE_NAMES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT: "float32",
+                   onnx.TensorProto.FLOAT16: "float16"}
+
+
+@dataclass
+class ParityReport:
+    max_error: dict[str, float] = field(default_factory=dict)  # "graph.output" -> max |a - b| over the grid
+    failures: list[str] = field(default_factory=list)
+    cases: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "cases": self.cases, "max_error": self.max_error, "failures": self.failures}
+
+
+def check_declaration(path: Path, spec: GraphSpec) -> list[str]:
+    """onnx.checker, then names, dtypes and dims of the graph equal to the declaration."""
+    problems = []
+    try:
+        onnx.checker.check_model(str(path), full_check=False)
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # the checker raises ValidationError, protobuf DecodeError, ...
+        return [f"{path.name}: onnx.checker: {str(exc).splitlines()[0][:300]}"]
+
+    def describe(values) -> list[tuple[str, str, tuple]]:
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            dims = tuple(d.dim_param if d.dim_param else d.dim_value if d.HasField("dim_value") else "?"
+                         for d in t.shape.dim)
+            out.append((v.name, ONNX_TYPE_NAMES.get(t.elem_type, str(t.elem_type)), dims))
+        return out
+
+    for kind, declared, actual in (("input", spec.inputs, describe(model.graph.input)),
+                                   ("output", spec.outputs, describe(model.graph.output))):
+        if [t.name for t in declared] != [a[0] for a in actual]:
+            problems.append(f"{path.name}: {kind} names {[a[0] for a in actual]} != declared {[t.name for t in declared]}")
+            continue
+        for t, (_, dtype, dims) in zip(declared, actual):
+            if dtype != t.dtype:
+                problems.append(f"{path.name}: {kind} {t.name} is {dtype}, declared {t.dtype}")
+            if len(dims) != len(t.shape):
+                problems.append(f"{path.name}: {kind} {t.name} has rank {len(dims)}, declared {len(t.shape)}")
+                continue
+            for axis, (want, got) in enumerate(zip(t.shape, dims)):
+                if isinstance(want, int) and got != want:
+                    problems.append(f"{path.name}: {kind} {t.name} axis {axis} is {got!r}, declared {want}")
+                if isinstance(want, str) and not isinstance(got, str):
+                    problems.append(f"{path.name}: {kind} {t.name} axis {axis} ({want}) is static {got}, "
+                                    "declared dynamic")
+                elif isinstance(want, str) and " " not in want and got != want:
+                    problems.append(f"{path.name}: {kind} {t.name} axis {axis} is named {got!r}, declared {want!r}")
+    return problems
+
+
+def grid_feeds(reference: Backend, seed: int = 0):
+    """(case name, graph, feeds) over the shape grid; decoder pasts come from the reference itself."""
+    c = reference.config
+    rng = np.random.default_rng(seed)
+    for batch, src_len in itertools.product(SHAPE_GRID["batch"], SHAPE_GRID["src_len"]):
+        ids = rng.integers(min(4, c.src_vocab_size - 1), c.src_vocab_size, (batch, src_len), dtype=np.int64)
+        mask = np.ones((batch, src_len), dtype=np.int64)
+        for row in range(1, batch):  # padding: rows 1.. are shorter
+            mask[row, max(1, src_len // (row + 1)):] = 0
+        ids = np.where(mask == 1, ids, c.pad_id)
+        enc_feeds = {"input_ids": ids, "attention_mask": mask}
+        yield f"b{batch}_s{src_len}", "encoder", enc_feeds
+        cross = reference.run("encoder", enc_feeds)
+        cross_feeds = {"past_" + k[len("present_"):]: v for k, v in cross.items()}
+        for past_len, new_len in itertools.product(SHAPE_GRID["past_len"], SHAPE_GRID["new_len"]):
+            if past_len:
+                prefix = rng.integers(min(4, c.tgt_vocab_size - 1), c.tgt_vocab_size, (batch, past_len), dtype=np.int64)
+                out = reference.run("decoder", {"input_ids": prefix, "encoder_attention_mask": mask,
+                                                **cross_feeds, **empty_past(reference, batch)})
+                self_feeds = {"past_" + k[len("present_"):]: v for k, v in out.items() if k != "logits"}
+            else:
+                self_feeds = empty_past(reference, batch)
+            new = rng.integers(min(4, c.tgt_vocab_size - 1), c.tgt_vocab_size, (batch, new_len), dtype=np.int64)
+            feeds = {"input_ids": new, "encoder_attention_mask": mask, **cross_feeds, **self_feeds}
+            yield f"b{batch}_s{src_len}_p{past_len}_n{new_len}", "decoder", feeds
+
+
+def empty_past(backend: Backend, batch: int) -> dict[str, np.ndarray]:
+    c = backend.config
+    return {
+        t.name: np.zeros((batch, c.n_heads, 0, c.head_dim_k if "_key_" in t.name else c.head_dim_v), np.float32)
+        for t in backend.graphs["decoder"].inputs if t.name.startswith("past_") and "_self_" in t.name
+    }
+
+
+def compare_graphs(candidate: Backend, reference: Backend, dtype: str = "float32") -> ParityReport:
+    """Run both backends on the shape grid and compare every output with its tolerance."""
+    report = ParityReport()
+    tolerances = TOLERANCES[dtype]
+    cast = np.float16 if dtype == "float16" else np.float32
+    for case, graph, feeds in grid_feeds(reference):
+        expected = reference.run(graph, feeds)
+        cand_feeds = {k: (v.astype(cast) if v.dtype == np.float32 else v) for k, v in feeds.items()}
+        got = candidate.run(graph, cand_feeds)
+        report.cases += 1
+        for name, want in expected.items():
+            have = got[name].astype(np.float32)
+            key = f"{graph}.{name}"
+            if have.shape != want.shape:
+                report.failures.append(f"{case}: {key} has shape {have.shape}, expected {want.shape}")
+                continue
+            atol, rtol = tolerances["logits" if name == "logits" else "kv"]
+            err = float(np.abs(have - want).max()) if want.size else 0.0
+            report.max_error[key] = max(report.max_error.get(key, 0.0), err)
+            if not np.allclose(have, want, atol=atol, rtol=rtol) or not np.isfinite(have).all():
+                report.failures.append(f"{case}: {key} max error {err:.3g} > atol {atol:g} + rtol {rtol:g}")
+    return report

@@ -1,0 +1,73 @@
+"""The backend registry: explicit, with lazy imports, so a CPU-only install never imports GPU libraries."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from twostep.errors import BackendUnavailable
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str
+    target: str  # "module:Class"
+    needs_artifact: bool  # False: runs from a checkpoint (the eager reference)
+    install: str
+    needs_gpu: bool = False
+
+    def load_class(self):
+        module, cls = self.target.split(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+BACKENDS = {
+    info.name: info
+    for info in (
+        BackendInfo("torch", "twostep.runtime.backends.torch_backend:TorchBackend", False,
+                    "installed with twostep"),
+        BackendInfo("ort-cpu", "twostep.runtime.backends.ort:OrtBackend", True, "pip install onnxruntime"),
+        BackendInfo("ort-cuda", "twostep.runtime.backends.ort:OrtCudaBackend", True,
+                    "pip install 'twostep[gpu]' (onnxruntime-gpu, CUDA 13) on a machine with an NVIDIA GPU",
+                    needs_gpu=True),
+    )
+}
+
+
+def unavailable_reason(name: str) -> str | None:
+    """None when the backend can run here, else why not."""
+    cls = backend_info(name).load_class()
+    return cls.unavailable()
+
+
+def backend_info(name: str) -> BackendInfo:
+    if name not in BACKENDS:
+        raise BackendUnavailable(f"unknown backend {name!r}; available: {', '.join(available())}; "
+                                 f"registered: {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def available() -> list[str]:
+    return [name for name in BACKENDS if unavailable_reason(name) is None]
+
+
+def create(name: str, artifact=None, checkpoint_dir: Path | None = None, **options):
+    """A loaded backend. ONNX backends run the artifact (twostep.artifact.Artifact); `torch` the checkpoint."""
+    info = backend_info(name)
+    reason = unavailable_reason(name)
+    if reason:
+        runnable = ", ".join(available())
+        raise BackendUnavailable(f"backend {name!r} is not available here: {reason}. Install: {info.install}. "
+                                 f"Available now: {runnable}")
+    cls = info.load_class()
+    if info.needs_artifact:
+        if artifact is None:
+            raise BackendUnavailable(f"backend {name!r} runs an exported artifact directory; give one "
+                                     "(twostep export CKPT --out DIR)")
+        return cls(artifact, **options).load()
+    if checkpoint_dir is None:
+        raise BackendUnavailable(f"backend {name!r} runs eager PyTorch and needs the checkpoint: pass --checkpoint")
+    from twostep.model.checkpoint import load_checkpoint
+
+    return cls(load_checkpoint(checkpoint_dir).model, **options).load()

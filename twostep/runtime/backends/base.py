@@ -1,0 +1,125 @@
+"""One backend interface: load, run, close; a context manager; input checks done once, here.
+
+A backend runs the two graphs by name on named numpy tensors. `session()` gives the decoding loop a
+`StepSession`; the default one below keeps the KV cache as host arrays, and a backend that can keep it
+on its device (ort-cuda) overrides it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from twostep.errors import BadInput
+from twostep.exporter.spec import GraphSpec
+from twostep.model.config import ModelConfig
+
+Feeds = dict[str, np.ndarray]
+
+NUMPY_DTYPES = {"int64": np.int64, "float32": np.float32, "float16": np.float16}
+
+
+class Backend(ABC):
+    name: str = "?"
+
+    def __init__(self, config: ModelConfig, graphs: dict[str, GraphSpec]):
+        self.config, self.graphs = config, graphs
+        self.loaded = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def load(self) -> "Backend":
+        if not self.loaded:
+            self._load()
+            self.loaded = True
+        return self
+
+    def close(self) -> None:
+        if self.loaded:
+            self._close()
+            self.loaded = False
+
+    def __enter__(self) -> "Backend":
+        return self.load()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self, graph: str, feeds: Feeds) -> Feeds:
+        """Run one graph; feeds and results are keyed by the spec's tensor names."""
+        self.check_inputs(graph, feeds)
+        return self._run(graph, feeds)
+
+    def check_inputs(self, graph: str, feeds: Feeds) -> None:
+        spec = self.graphs[graph]
+        expected = spec.input_names
+        if sorted(feeds) != sorted(expected):
+            missing, extra = sorted(set(expected) - set(feeds)), sorted(set(feeds) - set(expected))
+            raise BadInput(f"{graph}: inputs missing {missing}, unexpected {extra}")
+        sizes: dict[str, int] = {}
+        for t in spec.inputs:
+            array = feeds[t.name]
+            if array.dtype != NUMPY_DTYPES[t.dtype]:
+                raise BadInput(f"{graph}.{t.name}: dtype {array.dtype}, expected {t.dtype}")
+            if array.ndim != len(t.shape):
+                raise BadInput(f"{graph}.{t.name}: rank {array.ndim}, expected {len(t.shape)} {list(t.shape)}")
+            for axis, (dim, size) in enumerate(zip(t.shape, array.shape)):
+                if isinstance(dim, int) and dim != size:
+                    raise BadInput(f"{graph}.{t.name}: axis {axis} is {size}, expected {dim}")
+                if isinstance(dim, str) and sizes.setdefault(dim, size) != size:
+                    raise BadInput(f"{graph}.{t.name}: axis {axis} ({dim}) is {size}, other inputs say {sizes[dim]}")
+        if sizes.get("past_len", 0) + sizes.get("new_len", 0) > self.config.max_positions:
+            raise BadInput(f"{graph}: {sizes['past_len'] + sizes['new_len']} target positions, the model has "
+                           f"{self.config.max_positions} (max_positions)")
+        if sizes.get("src_len", 0) > self.config.max_positions:
+            raise BadInput(f"{graph}: source of {sizes['src_len']} tokens, the model takes at most "
+                           f"{self.config.max_positions} (max_positions)")
+        ids = feeds["input_ids"]
+        vocab = self.config.src_vocab_size if graph == "encoder" else self.config.tgt_vocab_size
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise BadInput(f"{graph}.input_ids: token ids outside the vocabulary [0, {vocab})")
+
+    def session(self) -> "HostSession":
+        return HostSession(self)
+
+    @abstractmethod
+    def _load(self) -> None: ...
+
+    @abstractmethod
+    def _run(self, graph: str, feeds: Feeds) -> Feeds: ...
+
+    def _close(self) -> None:
+        pass
+
+
+class HostSession:
+    """The decoding loop's view of a backend, with the KV cache kept as host arrays between steps."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        dec = backend.graphs["decoder"]
+        self.self_names = [t.name for t in dec.inputs if t.name.startswith("past_") and "_self_" in t.name]
+        self.cross_names = [t.name for t in dec.inputs if "_cross_" in t.name]
+        self.present_names = ["present_" + n[len("past_"):] for n in self.self_names]
+        self.dtype = NUMPY_DTYPES[dec.outputs[0].dtype]
+        self.state: Feeds = {}
+
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
+        enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
+        c, b = self.backend.config, input_ids.shape[0]
+        state = {"encoder_attention_mask": attention_mask}
+        state.update({name: enc["present_" + name[len("past_"):]] for name in self.cross_names})
+        for name in self.self_names:
+            head_dim = c.head_dim_k if "_key_" in name else c.head_dim_v
+            state[name] = np.zeros((b, c.n_heads, 0, head_dim), dtype=self.dtype)
+        self.state = state
+
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        out = self.backend.run("decoder", {"input_ids": input_ids, **self.state})
+        for past, present in zip(self.self_names, self.present_names):
+            self.state[past] = out[present]
+        return np.asarray(out["logits"][:, -1], dtype=np.float32)
+
+    def reorder(self, origin: np.ndarray) -> None:
+        self.state = {name: np.ascontiguousarray(array[origin]) for name, array in self.state.items()}

@@ -1,0 +1,85 @@
+"""ONNX Runtime backends: `ort-cpu`, and `ort-cuda` (CUDA execution provider with IO binding, so that the
+KV cache and cross K/V stay on the device between steps; only token ids and beam origins cross to the host).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from twostep.artifact import Artifact
+from twostep.errors import BackendUnavailable, BadArtifact
+from twostep.runtime.backends.base import Backend, Feeds
+
+
+def import_ort():
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise BackendUnavailable(f"onnxruntime is not installed ({exc}); pip install onnxruntime") from None
+    return onnxruntime
+
+
+class OrtBackend(Backend):
+    name = "ort-cpu"
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+
+    def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all"):
+        super().__init__(artifact.config, artifact.graphs)
+        self.artifact, self.threads, self.optimization = artifact, threads, optimization
+        self.sessions: dict = {}
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        try:
+            ort = import_ort()
+        except BackendUnavailable as exc:
+            return str(exc)
+        missing = [p for p in cls.providers if p not in ort.get_available_providers()]
+        if missing:
+            return (f"this onnxruntime build lacks {', '.join(missing)} (it has "
+                    f"{', '.join(ort.get_available_providers())}); pip install 'twostep[gpu]' on a machine with "
+                    "an NVIDIA GPU")
+        return None
+
+    def session_options(self):
+        ort = import_ort()
+        options = ort.SessionOptions()
+        levels = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                  "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                  "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                  "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+        options.graph_optimization_level = levels[self.optimization]
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+            options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        return options
+
+    def _load(self) -> None:
+        ort = import_ort()
+        for graph in self.graphs:
+            path = self.artifact.graph_file(graph)
+            try:
+                self.sessions[graph] = ort.InferenceSession(str(path), self.session_options(),
+                                                            providers=list(self.providers))
+            except Exception as exc:  # onnxruntime raises its own exception types for unreadable models
+                raise BadArtifact(f"{path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0][:300]}") from None
+
+    def _run(self, graph: str, feeds: Feeds) -> Feeds:
+        session = self.sessions[graph]
+        names = self.graphs[graph].output_names
+        return dict(zip(names, session.run(names, feeds)))
+
+    def _close(self) -> None:
+        self.sessions.clear()
+
+
+class OrtCudaBackend(OrtBackend):
+    name = "ort-cuda"
+    providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+    def session(self):
+        from twostep.runtime.backends.ort_cuda import CudaSession
+
+        self.load()
+        return CudaSession(self)

@@ -1,0 +1,95 @@
+"""The ort-cuda step session: IO binding for every input and output, the KV cache and cross K/V kept on the
+device as OrtValues across steps. Token ids go up, logits of the last position come down; beam reordering
+runs on the device through a one-node Gather graph.
+
+Imported only when the ort-cuda backend is chosen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from twostep.runtime.backends.base import NUMPY_DTYPES
+from twostep.runtime.backends.ort import OrtCudaBackend, import_ort
+
+ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
+
+
+def gather_model(dtype: str, opset: int = 17) -> bytes:
+    """out = data[indices] along axis 0, for any rank: beam search's cache reorder, on the device."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["data", "indices"], ["out"], axis=0)], "reorder",
+        [helper.make_tensor_value_info("data", ONNX_DTYPES[dtype], None),
+         helper.make_tensor_value_info("indices", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("out", ONNX_DTYPES[dtype], None)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+
+
+class CudaSession:
+    def __init__(self, backend: OrtCudaBackend, device_id: int = 0):
+        self.ort = import_ort()
+        self.backend, self.device_id = backend, device_id
+        dec = backend.graphs["decoder"]
+        self.dtype = dec.outputs[0].dtype
+        self.self_names = [t.name for t in dec.inputs if t.name.startswith("past_") and "_self_" in t.name]
+        self.cross_names = [t.name for t in dec.inputs if "_cross_" in t.name]
+        self.gathers = {
+            dtype: self.ort.InferenceSession(gather_model(dtype), providers=list(backend.providers))
+            for dtype in {self.dtype, "int64"}
+        }
+        self.state: dict = {}
+
+    def to_device(self, array: np.ndarray):
+        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", self.device_id)
+
+    def run(self, graph: str, inputs: dict) -> dict:
+        session = self.backend.sessions[graph]
+        binding = session.io_binding()
+        for name, value in inputs.items():
+            binding.bind_ortvalue_input(name, value)
+        names = self.backend.graphs[graph].output_names
+        for name in names:
+            binding.bind_output(name, "cuda", self.device_id)
+        session.run_with_iobinding(binding)
+        return dict(zip(names, binding.get_outputs()))
+
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
+        self.backend.check_inputs("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
+        mask = self.to_device(attention_mask)
+        enc = self.run("encoder", {"input_ids": self.to_device(input_ids), "attention_mask": mask})
+        c, b = self.backend.config, input_ids.shape[0]
+        self.state = {"encoder_attention_mask": mask}
+        self.state.update({name: enc["present_" + name[len("past_"):]] for name in self.cross_names})
+        for name in self.self_names:
+            head_dim = c.head_dim_k if "_key_" in name else c.head_dim_v
+            self.state[name] = self.ort.OrtValue.ortvalue_from_shape_and_type(
+                [b, c.n_heads, 0, head_dim], NUMPY_DTYPES[self.dtype], "cuda", self.device_id)
+        self.position = 0
+
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        if self.position + input_ids.shape[1] > self.backend.config.max_positions:
+            from twostep.errors import BadInput
+
+            raise BadInput(f"decoding past max_positions {self.backend.config.max_positions}")
+        out = self.run("decoder", {"input_ids": self.to_device(input_ids), **self.state})
+        for past in self.self_names:
+            self.state[past] = out["present_" + past[len("past_"):]]
+        self.position += input_ids.shape[1]
+        return np.asarray(out["logits"].numpy()[:, -1], dtype=np.float32)
+
+    def reorder(self, origin: np.ndarray) -> None:
+        indices = self.to_device(origin.astype(np.int64))
+        for name, value in self.state.items():
+            dtype = "int64" if name == "encoder_attention_mask" else self.dtype
+            session = self.gathers[dtype]
+            binding = session.io_binding()
+            binding.bind_ortvalue_input("data", value)
+            binding.bind_ortvalue_input("indices", indices)
+            binding.bind_output("out", "cuda", self.device_id)
+            session.run_with_iobinding(binding)
+            self.state[name] = binding.get_outputs()[0]
+
+
+__all__ = ["CudaSession", "gather_model"]

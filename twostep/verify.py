@@ -1,0 +1,91 @@
+"""`twostep verify`: a backend running an artifact against eager PyTorch on its checkpoint.
+
+First graph parity on the shape grid, then whole decoded sequences — greedy and beam search — on the task's
+test split (or, for a checkpoint without a task, on random token-id sentences): the share of sequences that
+are identical to the last token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from twostep.artifact import load_artifact
+from twostep.errors import BadArtifact
+from twostep.exporter.validate import ParityReport, compare_graphs
+from twostep.model.checkpoint import load_checkpoint
+from twostep.model.tasks import get_task
+from twostep.runtime import backends
+from twostep.runtime.backends.torch_backend import TorchBackend
+from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.tokenizer import Tokenizer
+from twostep.runtime.translator import Specials, Translator
+
+
+@dataclass
+class SequenceReport:
+    mode: str
+    sentences: int
+    identical: int
+    first_mismatch: dict | None = None
+
+    @property
+    def share(self) -> float:
+        return self.identical / max(self.sentences, 1)
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "sentences": self.sentences, "identical": self.identical,
+                "share": self.share, "first_mismatch": self.first_mismatch}
+
+
+@dataclass
+class VerifyReport:
+    backend: str
+    graphs: ParityReport
+    sequences: list[SequenceReport] = field(default_factory=list)
+    required_share: float = 1.0
+
+    @property
+    def ok(self) -> bool:
+        return self.graphs.ok and all(s.share >= self.required_share for s in self.sequences)
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "ok": self.ok, "required_share": self.required_share,
+                "graphs": self.graphs.to_dict(), "sequences": [s.to_dict() for s in self.sequences]}
+
+
+def test_sources(artifact, limit: int | None, seed: int = 0) -> list[list[int]]:
+    """Token ids of the task's test split, or random sentences when the model has no task or tokenizer."""
+    task, tok = artifact.manifest.get("task"), artifact.tokenizer_path
+    if task and tok is not None:
+        tokenizer = Tokenizer(tok)
+        return [tokenizer.encode_source(src) for src, _ in get_task(task).split("test")[:limit]]
+    c = artifact.config
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, min(24, c.max_positions), limit or 64)
+    return [rng.integers(4, c.src_vocab_size, n).tolist() + [c.eos_id] for n in lengths]
+
+
+def verify(art_dir: Path, ckpt_dir: Path, backend: str = "ort-cpu", beam_size: int = 4,
+           limit: int | None = None, batch_size: int = 32, log=lambda message: None) -> VerifyReport:
+    artifact = load_artifact(art_dir)
+    ckpt = load_checkpoint(ckpt_dir)
+    if ckpt.config != artifact.config:
+        raise BadArtifact(f"{art_dir} was not exported from {ckpt_dir}: the model configs differ")
+    candidate = backends.create(backend, artifact=artifact, checkpoint_dir=ckpt_dir)
+    with candidate, TorchBackend(ckpt.model) as reference:
+        log(f"graph parity on the shape grid ({backend} vs eager torch)")
+        report = VerifyReport(backend, compare_graphs(candidate, reference, artifact.dtype))
+        sources = test_sources(artifact, limit)
+        for mode, options in (("greedy", DecodeOptions()), (f"beam{beam_size}", DecodeOptions(beam_size=beam_size))):
+            log(f"{mode} decoding of {len(sources)} sentences")
+            s = Specials.of(artifact.config)
+            want = Translator(reference.session(), s, batch_size=batch_size, options=options).translate_ids(sources)
+            got = Translator(candidate.session(), s, batch_size=batch_size, options=options).translate_ids(sources)
+            same = [w == g for w, g in zip(want, got)]
+            mismatch = next(({"sentence": i, "expected": w, "got": g}
+                             for i, (w, g, ok) in enumerate(zip(want, got, same)) if not ok), None)
+            report.sequences.append(SequenceReport(mode, len(sources), sum(same), mismatch))
+    return report
