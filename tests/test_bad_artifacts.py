@@ -73,9 +73,24 @@ def test_empty_input(demo_artifact):
 
 
 def test_token_ids_outside_the_vocabulary(demo_artifact):
+    assert_user_error(twostep("translate", demo_artifact, "--ids", "5 9999 3"),
+                      "sentence 1 has token ids outside the vocabulary [0, 256): [9999]")
+    assert_user_error(twostep("translate", demo_artifact, "--ids", "5 x 3"), "is not a list of token ids")
     translator, backend = open_translator(demo_artifact, "ort-cpu")
     with backend, pytest.raises(BadInput, match=r"token ids outside the vocabulary \[0, 256\): \[9999\]"):
         translator.translate_ids([[5, 9999, 3]])
+
+
+def test_token_id_interface_matches_text(demo_artifact):
+    from num2words import num2words
+
+    from twostep.runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(demo_artifact / "tokenizer.model")
+    ids = " ".join(map(str, tokenizer.encode_source("four hundred and two")))
+    result = twostep("translate", demo_artifact, "--ids", ids)
+    assert result.returncode == 0, result.stderr
+    assert tokenizer.decode(int(t) for t in result.stdout.split()) == num2words(402, lang="de")
 
 
 def test_unavailable_backend_on_the_cli(demo_artifact):

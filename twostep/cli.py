@@ -26,6 +26,16 @@ out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 200)
 
 
+def parse_ids(lines: list[str]) -> list[list[int]]:
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append([int(token) for token in line.split()])
+        except ValueError:
+            raise TwostepError(f"sentence {i + 1}: {line[:40]!r} is not a list of token ids (--ids)") from None
+    return out
+
+
 def emit_json(data) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
@@ -91,6 +101,7 @@ def translate(
     seed: Optional[int] = typer.Option(None),
     max_new_tokens: Optional[int] = typer.Option(None, min=1),
     threads: Optional[int] = typer.Option(None, min=1),
+    ids: bool = typer.Option(False, "--ids", help="Input and output are token ids separated by spaces."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Translate sentences with any backend."""
@@ -106,7 +117,11 @@ def translate(
     extra = {"threads": threads} if threads else {}
     translator, be = open_translator(model_dir, backend, checkpoint, options, **extra)
     with be:
-        results = translator.translate_nbest(sentences)
+        if ids:
+            results = [[(" ".join(map(str, h.tokens)), h.score) for h in hyps]
+                       for hyps in translator.decode_ids(parse_ids(sentences))]
+        else:
+            results = translator.translate_nbest(sentences)
     if as_json:
         emit_json([{"source": s, "translations": [{"text": t, "score": sc} for t, sc in hyps]}
                    for s, hyps in zip(sentences, results)])
