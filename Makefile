@@ -26,6 +26,8 @@ demo: setup
 	$(BIN)/twostep verify $(ART) --checkpoint $(DEMO) --backend ort-cpu
 	$(BIN)/twostep translate $(ART) --beam 4 "three hundred and forty-two" \
 		"nineteen thousand, eight hundred and seven" "six hundred and fifty-one thousand, two hundred and ninety-nine"
+	$(BIN)/twostep bench $(ART) --backend ort-cpu,torch --checkpoint $(DEMO) --batch 1,32 --new-tokens 32 \
+		--warmup 1 --iters 3
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info artifacts

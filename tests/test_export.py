@@ -90,7 +90,7 @@ def test_inspect_prints_the_io_table(demo_artifact):
 
 
 def test_failed_export_leaves_nothing_behind(tiny_ckpt, tmp_path, monkeypatch):
-    monkeypatch.setitem(validate.TOLERANCES, "float32", {"logits": (0.0, 0.0), "kv": (0.0, 0.0)})
+    monkeypatch.setitem(validate.TOLERANCES, "fp32", {"logits": (0.0, 0.0), "kv": (0.0, 0.0)})
     with pytest.raises(ParityFailure, match="parity failure"):
         export(tiny_ckpt, tmp_path / "out" / "art")
     assert list((tmp_path / "out").iterdir()) == []  # neither the artifact nor its temporary directory
@@ -104,3 +104,29 @@ def test_base_preset_exports_and_validates(tmp_path):
     print(f"base preset export + validation: {time.perf_counter() - started:.1f}s")
     assert result.report.ok and result.report.cases == 42
     assert load_artifact(result.path).config.d_model == 512
+
+
+def test_int8_export_agrees_with_fp32_eager_and_a_broken_int8_path_fails(demo_model_dir, tmp_path):
+    art = export(demo_model_dir, tmp_path / "int8", dtype="int8").path
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and manifest["quantization"]["reduce_range"] is True
+    model = onnx.load(str(art / "decoder.onnx"))
+    assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in model.graph.node)
+    report = verify(art, demo_model_dir, "ort-cpu", beam_size=4)
+    assert report.required_share == 0.99
+    assert all(s.share >= 0.99 for s in report.sequences), [s.to_dict() for s in report.sequences]
+    assert report.ok
+
+    # Break the int8 path: scramble the quantized generator weights (and re-hash so the file loads).
+    from twostep.artifact import sha256_file
+
+    weight = max((t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8),
+                 key=lambda t: int(np.prod(t.dims)))
+    array = onnx.numpy_helper.to_array(weight).copy()
+    np.random.default_rng(0).shuffle(array.reshape(-1))
+    weight.CopyFrom(onnx.numpy_helper.from_array(array, weight.name))
+    onnx.save(model, str(art / "decoder.onnx"))
+    manifest["files"]["decoder.onnx"] = sha256_file(art / "decoder.onnx")
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    broken = verify(art, demo_model_dir, "ort-cpu", beam_size=2, limit=100)
+    assert not broken.ok and broken.sequences[0].share < 0.99

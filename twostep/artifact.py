@@ -52,7 +52,13 @@ class Artifact:
 
     @property
     def dtype(self) -> str:
+        """The graphs' float I/O dtype."""
         return self.manifest["dtype"]
+
+    @property
+    def precision(self) -> str:
+        """The weights' precision: fp32, fp16 or int8."""
+        return self.manifest.get("precision", "fp32")
 
 
 def load_artifact(path: Path | str, check_hashes: bool = True) -> Artifact:

@@ -136,13 +136,15 @@ def export(
     ckpt_dir: Path = typer.Argument(..., help="Checkpoint directory."),
     out_dir: Path = typer.Option(..., "--out", help="Artifact directory to write (replaced atomically)."),
     opset: int = typer.Option(18, help="ONNX opset, 17..23."),
-    dtype: str = typer.Option("fp32", help="fp32."),
+    dtype: str = typer.Option("fp32", help="fp32, or int8 (dynamic quantization of the weight MatMuls)."),
+    optimize: bool = typer.Option(False, help="ONNX Runtime transformer fusions (ONNX Runtime only, not TensorRT)."),
 ) -> None:
     """Export a checkpoint as encoder.onnx + decoder.onnx + manifest.json, validated against eager PyTorch."""
     from twostep.exporter.export import export as run_export
 
     with err.status("exporting") as status:
-        result = run_export(ckpt_dir, out_dir, opset=opset, dtype=dtype, log=lambda m: status.update(m))
+        result = run_export(ckpt_dir, out_dir, opset=opset, dtype=dtype, optimize=optimize,
+                            log=lambda m: status.update(m))
     worst = max(result.report.max_error.values(), default=0.0)
     out.print(f"wrote {result.path} in {result.seconds:.1f}s: {result.report.cases} shape cases validated, "
               f"max error {worst:.2e}")
@@ -165,7 +167,7 @@ def verify(
     if as_json:
         emit_json(report.to_dict())
     else:
-        table = Table(title=f"{backend} vs eager PyTorch (fp32)")
+        table = Table(title=f"{backend} ({report.precision}) vs eager PyTorch (fp32)")
         table.add_column("output")
         table.add_column("max abs error", justify="right")
         for name, error in report.graphs.max_error.items():
@@ -175,10 +177,75 @@ def verify(
             out.print(f"[red]FAIL[/red] {failure}", highlight=False)
         for s in report.sequences:
             mark = "[green]ok[/green]" if s.share >= report.required_share else "[red]FAIL[/red]"
-            out.print(f"{mark} {s.mode}: {s.identical}/{s.sentences} sequences identical ({100 * s.share:.1f}%)")
+            out.print(f"{mark} {s.mode}: {s.identical}/{s.sentences} sequences identical to fp32 eager "
+                      f"({100 * s.share:.1f}%, required {100 * report.required_share:.0f}%)")
         out.print("[green]verified[/green]" if report.ok else "[red]verification failed[/red]")
     if not report.ok:
         raise typer.Exit(1)
+
+
+def int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise TwostepError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise TwostepError(f"{flag} takes positive integers, got {text!r}")
+    return values
+
+
+@app.command()
+def bench(
+    art_dir: Path = typer.Argument(..., help="Artifact directory."),
+    backend: str = typer.Option("ort-cpu", help="Comma-separated backends; ratios are to the first."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint, for the torch backend."),
+    batch: str = typer.Option("1,32", help="Comma-separated batch sizes."),
+    src_len: int = typer.Option(32, min=2),
+    new_tokens: int = typer.Option(64, min=1),
+    beam: int = typer.Option(1, min=1),
+    threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads (default: the library's)."),
+    warmup: int = typer.Option(3, min=0),
+    iters: int = typer.Option(5, min=1),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Decode speed of backends on the same inputs with a fixed output length (EOS suppressed)."""
+    from rich.progress import Progress
+
+    from twostep.artifact import load_artifact
+    from twostep.bench import Workload, bench as run_bench
+
+    names = [b.strip() for b in backend.split(",") if b.strip()]
+    config = load_artifact(art_dir, check_hashes=False).config
+    if src_len > config.max_positions or new_tokens > config.max_positions:
+        raise TwostepError(f"--src-len and --new-tokens must be at most max_positions {config.max_positions}")
+    workloads = [Workload(b, src_len, new_tokens, beam) for b in int_list(batch, "--batch")]
+    with Progress(console=err, transient=True) as progress:
+        bar = progress.add_task("bench", total=len(names) * len(workloads) * (warmup + iters))
+        results = run_bench(names, art_dir, checkpoint, workloads, warmup, iters, threads,
+                            tick=lambda: progress.advance(bar))
+    if as_json:
+        emit_json([r.to_dict() for r in results])
+        return
+    table = Table(title=f"{art_dir} ({config.d_model}d, {config.n_encoder_layers}+{config.n_decoder_layers} layers, "
+                        f"vocab {config.tgt_vocab_size}); medians of {iters}")
+    for column in ("backend", "workload", "tokens/s", "ms/step", "p50 ms", "p95 ms", "p99 ms", "encoder ms",
+                   "load s", "peak RSS MB", "vs first"):
+        table.add_column(column, justify="left" if column in ("backend", "workload") else "right")
+    first = {r.workload: r for r in results if r.backend == names[0] and r.error is None}
+    unavailable = {}
+    for r in results:
+        if r.error:
+            unavailable[r.backend] = r.error
+            table.add_row(r.backend, r.workload.label, "unavailable", *[""] * 8)
+            continue
+        base = first.get(r.workload)
+        ratio = f"{r.tokens_per_s / base.tokens_per_s:.2f}x" if base else "-"
+        table.add_row(r.backend, r.workload.label, f"{r.tokens_per_s:,.0f}", f"{r.ms_per_step:.2f}",
+                      f"{r.latency_ms['p50']:.1f}", f"{r.latency_ms['p95']:.1f}", f"{r.latency_ms['p99']:.1f}",
+                      f"{r.encoder_ms:.1f}", f"{r.load_s:.2f}", f"{r.peak_rss_mb:,.0f}", ratio)
+    out.print(table)
+    for name, reason in unavailable.items():
+        out.print(f"{name}: {reason}", markup=False, highlight=False)
 
 
 @app.command()

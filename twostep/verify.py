@@ -14,7 +14,7 @@ import numpy as np
 
 from twostep.artifact import load_artifact
 from twostep.errors import BadArtifact
-from twostep.exporter.validate import ParityReport, compare_graphs
+from twostep.exporter.validate import REQUIRED_AGREEMENT, ParityReport, compare_graphs
 from twostep.model.checkpoint import load_checkpoint
 from twostep.model.tasks import get_task
 from twostep.runtime import backends
@@ -43,6 +43,7 @@ class SequenceReport:
 @dataclass
 class VerifyReport:
     backend: str
+    precision: str
     graphs: ParityReport
     sequences: list[SequenceReport] = field(default_factory=list)
     required_share: float = 1.0
@@ -52,7 +53,7 @@ class VerifyReport:
         return self.graphs.ok and all(s.share >= self.required_share for s in self.sequences)
 
     def to_dict(self) -> dict:
-        return {"backend": self.backend, "ok": self.ok, "required_share": self.required_share,
+        return {"backend": self.backend, "precision": self.precision, "ok": self.ok, "required_share": self.required_share,
                 "graphs": self.graphs.to_dict(), "sequences": [s.to_dict() for s in self.sequences]}
 
 
@@ -77,7 +78,8 @@ def verify(art_dir: Path, ckpt_dir: Path, backend: str = "ort-cpu", beam_size: i
     candidate = backends.create(backend, artifact=artifact, checkpoint_dir=ckpt_dir)
     with candidate, TorchBackend(ckpt.model) as reference:
         log(f"graph parity on the shape grid ({backend} vs eager torch)")
-        report = VerifyReport(backend, compare_graphs(candidate, reference, artifact.dtype))
+        report = VerifyReport(backend, artifact.precision, compare_graphs(candidate, reference, artifact.precision),
+                              required_share=REQUIRED_AGREEMENT[artifact.precision])
         sources = test_sources(artifact, limit)
         for mode, options in (("greedy", DecodeOptions()), (f"beam{beam_size}", DecodeOptions(beam_size=beam_size))):
             log(f"{mode} decoding of {len(sources)} sentences")

@@ -18,13 +18,15 @@ import twostep
 from twostep.artifact import FORMAT, GRAPH_FILES, SCHEMA_VERSION, load_artifact, write_manifest
 from twostep.errors import BadInput, ParityFailure
 from twostep.exporter.graphs import TRACE_SIZES, export_graph
+from twostep.exporter.quantize import fuse_transformer_ops, quantize_int8
 from twostep.exporter.spec import graph_specs
 from twostep.exporter.validate import SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_graphs
 from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
 
-DTYPES = {"fp32": "float32"}
+# --dtype -> (graph I/O dtype, weight precision)
+DTYPES = {"fp32": ("float32", "fp32"), "int8": ("float32", "int8")}
 DEFAULT_OPSET = 18
 
 
@@ -45,24 +47,37 @@ def versions() -> dict[str, str]:
     return out
 
 
-def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str = "fp32",
+def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str = "fp32", optimize: bool = False,
            log=lambda message: None) -> ExportResult:
+    """`optimize`: apply ONNX Runtime's transformer fusions (ONNX Runtime only: TensorRT cannot parse them)."""
     if dtype not in DTYPES:
         raise BadInput(f"--dtype {dtype!r} is not supported by this exporter; choose one of {', '.join(DTYPES)}")
     if not 17 <= opset <= 23:
         raise BadInput(f"--opset {opset} is outside the supported range 17..23")
     started = time.perf_counter()
     ckpt = load_checkpoint(ckpt_dir)
-    model, onnx_dtype = ckpt.model.eval(), DTYPES[dtype]
+    model = ckpt.model.eval()
+    onnx_dtype, precision = DTYPES[dtype]
     specs = graph_specs(model.config, onnx_dtype)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         torch.manual_seed(0)
+        quantization, fusions = None, {}
         for graph, spec in specs.items():
             log(f"exporting {graph}")
-            export_graph(model, graph, spec, tmp / GRAPH_FILES[graph], opset)
+            path = tmp / GRAPH_FILES[graph]
+            export_graph(model, graph, spec, path, opset)
+            if optimize:
+                log(f"fusing {graph}")
+                fusions[graph] = fuse_transformer_ops(path, model.config.n_heads, model.config.d_model)
+            if precision == "int8":
+                log(f"quantizing {graph} to int8")
+                fp32 = path.with_suffix(".fp32.onnx")
+                path.rename(fp32)
+                quantization = quantize_int8(fp32, path)
+                fp32.unlink()
         if ckpt.tokenizer_path is not None:
             shutil.copyfile(ckpt.tokenizer_path, tmp / "tokenizer.model")
         problems = [p for graph, spec in specs.items() for p in check_declaration(tmp / GRAPH_FILES[graph], spec)]
@@ -77,6 +92,9 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             "source_suffix": "eos",  # source token ids end with eos; decoding starts from bos
             "max_positions": c.max_positions,
             "dtype": onnx_dtype,
+            "precision": precision,
+            "quantization": quantization,
+            "fusions": fusions if optimize else None,  # com.microsoft ops: ONNX Runtime only
             "opset": opset,
             "graphs": {g: {"file": GRAPH_FILES[g], **spec.to_dict()} for g, spec in specs.items()},
             "tokenizer": "tokenizer.model" if ckpt.tokenizer_path is not None else None,
@@ -87,11 +105,11 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
         write_manifest(tmp, manifest)
         log("validating against eager PyTorch on the shape grid")
         with OrtBackend(load_artifact(tmp)) as candidate, TorchBackend(model) as reference:
-            report = compare_graphs(candidate, reference, onnx_dtype)
+            report = compare_graphs(candidate, reference, precision)
         if not report.ok:
             raise ParityFailure(f"{len(report.failures)} parity failure(s) after export:\n  "
                                 + "\n  ".join(report.failures[:50]))
-        manifest["validation"] = {"tolerances": TOLERANCES[onnx_dtype], "shape_grid": SHAPE_GRID,
+        manifest["validation"] = {"tolerances": TOLERANCES[precision], "shape_grid": SHAPE_GRID,
                                   "cases": report.cases, "max_error": report.max_error}
         write_manifest(tmp, manifest)
         if out_dir.exists():

@@ -37,8 +37,7 @@ class OrtBackend(Backend):
         missing = [p for p in cls.providers if p not in ort.get_available_providers()]
         if missing:
             return (f"this onnxruntime build lacks {', '.join(missing)} (it has "
-                    f"{', '.join(ort.get_available_providers())}); pip install 'twostep[gpu]' on a machine with "
-                    "an NVIDIA GPU")
+                    f"{', '.join(ort.get_available_providers())})")
         return None
 
     def session_options(self):

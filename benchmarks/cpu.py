@@ -1,0 +1,182 @@
+"""CPU benchmark of twostep against CTranslate2 and the seeds' no-cache greedy loop, in one process tree and
+one table.
+
+    python -m benchmarks.cpu [--work DIR] [--batch 1,32] [--new-tokens 64] [--threads 2] [--markdown FILE]
+
+The paper's base model (d_model 512, 6+6 layers, 8 heads, d_ff 2048, vocab 32000) with random weights;
+source length 32; greedy with EOS suppressed so every engine generates the same number of tokens. Every
+engine runs in its own child process, one after the other, on the same source sentences. CTranslate2 is
+converted from the same checkpoint and checked to produce the same greedy tokens as eager PyTorch (fp32)
+before it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from twostep.bench import Result, Workload, make_sources, measure, peak_rss_mb, run_backend, run_in_child
+
+console = Console(stderr=True)
+
+
+def ct2_engine(ct2_dir: str, compute_type: str, vocab: int, eos_id: int, workloads: list[Workload], warmup: int,
+               iters: int, threads: int, tick) -> list[Result]:
+    import ctranslate2
+
+    from benchmarks.ct2_convert import _load_vocab
+
+    started = time.perf_counter()
+    translator = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=compute_type, intra_threads=threads,
+                                        inter_threads=1)
+    load_s = time.perf_counter() - started
+    names = _load_vocab(ct2_dir, "source")
+    results = []
+    for w in workloads:
+        batch = [[names[i] for i in s] for s in make_sources(vocab, eos_id, w.batch, w.src_len)]
+
+        def run(n: int) -> None:  # min == max length: EOS suppressed, exactly n tokens
+            translator.translate_batch(batch, beam_size=w.beam, max_input_length=0, max_decoding_length=n,
+                                       min_decoding_length=n)
+
+        # CTranslate2 does not expose its encoder alone: one decoding step stands in for it, which slightly
+        # flatters its ms/step.
+        results.append(measure(f"ctranslate2 {compute_type}", w, lambda: run(w.new_tokens), lambda: run(1),
+                               warmup, iters, tick, load_s))
+    for r in results:
+        r.peak_rss_mb = peak_rss_mb()
+    return results
+
+
+def seeds_loop(ckpt_dir: str, workloads: list[Workload], warmup: int, iters: int, threads: int, tick) -> list[Result]:
+    """The seeds' greedy_decode: encode once, then re-run the decoder over the whole prefix at every step."""
+    import torch
+
+    from twostep.model.checkpoint import load_checkpoint
+    from twostep.runtime.decoding import pad_batch
+
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    model = load_checkpoint(ckpt_dir).model
+    load_s = time.perf_counter() - started
+    c = model.config
+    results = []
+    for w in workloads:
+        ids, mask = (torch.from_numpy(a) for a in pad_batch(make_sources(c.src_vocab_size, c.eos_id, w.batch,
+                                                                         w.src_len), c.pad_id))
+
+        @torch.inference_mode()
+        def request() -> None:
+            cross = model.encode(ids, mask)
+            ys = torch.full((w.batch, 1), c.bos_id, dtype=torch.long)
+            for _ in range(w.new_tokens):
+                logits, _ = model.decode_step(ys, mask, model.empty_cache(w.batch), cross)  # no cache
+                logits = logits[:, -1]
+                logits[:, c.eos_id] = float("-inf")
+                ys = torch.cat([ys, logits.argmax(-1, keepdim=True)], dim=1)
+
+        results.append(measure("seeds loop (no cache)", w, request,
+                               torch.inference_mode()(lambda: model.encode(ids, mask)), warmup, iters, tick, load_s))
+    for r in results:
+        r.peak_rss_mb = peak_rss_mb()
+    return results
+
+
+def prepare(work: Path, threads: int) -> dict[str, Path]:
+    from benchmarks.ct2_convert import check_same_tokens, convert
+    from twostep.exporter.export import export
+    from twostep.model.init import init_checkpoint
+
+    paths = {"ckpt": work / "base", "fp32": work / "base-fp32", "int8": work / "base-int8", "ct2": work / "base-ct2"}
+    if not (paths["ckpt"] / "model.safetensors").is_file():
+        console.print("init base checkpoint (random weights, seed 0)")
+        init_checkpoint(paths["ckpt"], "base", 32000, seed=0)
+    for dtype in ("fp32", "int8"):
+        if not (paths[dtype] / "manifest.json").is_file():
+            console.print(f"export {dtype}")
+            export(paths["ckpt"], paths[dtype], dtype=dtype)
+    if not (paths["ct2"] / "model.bin").is_file():
+        console.print("convert to CTranslate2")
+        convert(paths["ckpt"], paths["ct2"])
+    same, total = check_same_tokens(paths["ckpt"], paths["ct2"], n=16, max_new_tokens=64, suppress_eos=True,
+                                    threads=threads)
+    console.print(f"CTranslate2 float32 vs eager fp32: {same}/{total} greedy sequences identical")
+    if same != total:
+        raise SystemExit("CTranslate2 conversion does not reproduce eager PyTorch; not timing it")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, default=Path("/tmp/twostep-bench"))
+    p.add_argument("--batch", default="1,32")
+    p.add_argument("--src-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--skip", default="", help="comma-separated engines to leave out, e.g. seeds,torch")
+    p.add_argument("--json", type=Path, help="write all results here")
+    p.add_argument("--markdown", type=Path, help="write the table here")
+    args = p.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    paths = prepare(args.work, args.threads)
+    workloads = [Workload(int(b), args.src_len, args.new_tokens) for b in args.batch.split(",")]
+    t, w, i = args.threads, args.warmup, args.iters
+    engines = {
+        "ort-int8": (run_backend, ("ort-cpu", paths["int8"], None, workloads, w, i, t)),
+        "ort-fp32": (run_backend, ("ort-cpu", paths["fp32"], None, workloads, w, i, t)),
+        "ct2-fp32": (ct2_engine, (str(paths["ct2"]), "float32", 32000, 3, workloads, w, i, t)),
+        "ct2-int8": (ct2_engine, (str(paths["ct2"]), "int8", 32000, 3, workloads, w, i, t)),
+        "torch": (run_backend, ("torch", None, paths["ckpt"], workloads, w, i, t)),
+        "seeds": (seeds_loop, (str(paths["ckpt"]), workloads, 1, 3, t)),
+    }
+    skip = set(filter(None, args.skip.split(",")))
+    results: list[Result] = []
+    with Progress(console=console, transient=True) as progress:
+        for key, (target, target_args) in engines.items():
+            if key in skip:
+                continue
+            n_ticks = len(workloads) * (target_args[-3] + target_args[-2])
+            bar = progress.add_task(key, total=n_ticks)
+            for r in run_in_child(target, target_args, tick=lambda: progress.advance(bar)):
+                r.backend = {"ort-int8": "twostep ort-cpu int8", "ort-fp32": "twostep ort-cpu fp32",
+                             "torch": "twostep torch (eager, KV cache)"}.get(key, r.backend)
+                results.append(r)
+    report(results, workloads, args)
+    return 0
+
+
+def report(results: list[Result], workloads: list[Workload], args) -> None:
+    ref = {r.workload: r for r in results if r.backend == "ctranslate2 float32"}
+    lines = ["| engine | workload | ms per decode step | tokens/s | p50 request ms | encoder ms | peak RSS MB | "
+             "tokens/s vs CTranslate2 fp32 |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    table = Table(title="base model, CPU, greedy, EOS suppressed")
+    for col in ("engine", "workload", "ms/step", "tokens/s", "p50 ms", "encoder ms", "peak RSS MB", "vs ct2 fp32"):
+        table.add_column(col, justify="left" if col in ("engine", "workload") else "right")
+    for w in workloads:
+        for r in (r for r in results if r.workload == w):
+            ratio = f"{r.tokens_per_s / ref[w].tokens_per_s:.2f}x" if w in ref else "-"
+            row = [r.backend, w.label, f"{r.ms_per_step:.2f}", f"{r.tokens_per_s:,.0f}",
+                   f"{r.latency_ms['p50']:.0f}", f"{r.encoder_ms:.1f}", f"{r.peak_rss_mb:,.0f}", ratio]
+            table.add_row(*row)
+            lines.append("| " + " | ".join(row) + " |")
+    Console(width=200).print(table)
+    if args.markdown:
+        args.markdown.write_text("\n".join(lines) + "\n")
+    if args.json:
+        meta = {"python": sys.version.split()[0], "machine": platform.processor() or platform.machine(),
+                "args": {k: str(v) for k, v in vars(args).items()}}
+        args.json.write_text(json.dumps({"meta": meta, "results": [r.to_dict() for r in results]}, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

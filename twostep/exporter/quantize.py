@@ -1,0 +1,50 @@
+"""int8: ONNX Runtime dynamic quantization of the weight MatMuls (activations quantized per call).
+
+On AVX2 machines without VNNI, ONNX Runtime's u8s8 kernels can saturate their 16-bit intermediate sums;
+`reduce_range` (7-bit weights) avoids that. Attention's activation-by-activation MatMuls stay fp32
+(`MatMulConstBOnly`), as do the LayerNorms and the softmax.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+QUANTIZATION = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
+                "matmul_const_b_only": True}
+
+
+def quantize_int8(src: Path, dst: Path) -> dict:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    q = QUANTIZATION
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer logs advice on the root logger
+    try:
+        quantize_dynamic(
+            str(src), str(dst), op_types_to_quantize=q["op_types"],
+            weight_type=getattr(QuantType, q["weight_type"]), per_channel=q["per_channel"],
+            reduce_range=q["reduce_range"], extra_options={"MatMulConstBOnly": q["matmul_const_b_only"]},
+        )
+    finally:
+        root.setLevel(level)
+    return dict(q)
+
+
+def fuse_transformer_ops(path: Path, n_heads: int, d_model: int) -> dict:
+    """ONNX Runtime's offline transformer fusions (SkipLayerNormalization, attention where it matches),
+    written back in place. The fused graph uses com.microsoft ops: ONNX Runtime only, not TensorRT."""
+    from onnxruntime.transformers import optimizer
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        model = optimizer.optimize_model(str(path), model_type="bert", num_heads=n_heads, hidden_size=d_model,
+                                         opt_level=0, use_gpu=False)
+        model.save_model_to_file(str(path))
+        fused = {op: n for op, n in model.get_fused_operator_statistics().items() if n}
+    finally:
+        root.setLevel(level)
+    return fused
