@@ -132,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [Workload(int(b), args.src_len, args.new_tokens) for b in args.batch.split(",")]
     t, w, i = args.threads, args.warmup, args.iters
     engines = {
-        "ort-int8": (run_backend, ("ort-cpu", paths["int8"], None, workloads, w, i, t)),
-        "ort-fp32": (run_backend, ("ort-cpu", paths["fp32"], None, workloads, w, i, t)),
+        "ort-int8": (run_backend, ("ort-cpu", paths["int8"], None, workloads, w, i, t, "cpu")),
+        "ort-fp32": (run_backend, ("ort-cpu", paths["fp32"], None, workloads, w, i, t, "cpu")),
         "ct2-fp32": (ct2_engine, (str(paths["ct2"]), "float32", 32000, 3, workloads, w, i, t)),
         "ct2-int8": (ct2_engine, (str(paths["ct2"]), "int8", 32000, 3, workloads, w, i, t)),
-        "torch": (run_backend, ("torch", None, paths["ckpt"], workloads, w, i, t)),
+        "torch": (run_backend, ("torch", None, paths["ckpt"], workloads, w, i, t, "cpu")),
         "seeds": (seeds_loop, (str(paths["ckpt"]), workloads, 1, 3, t)),
     }
     skip = set(filter(None, args.skip.split(",")))
@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         for key, (target, target_args) in engines.items():
             if key in skip:
                 continue
-            n_ticks = len(workloads) * (target_args[-3] + target_args[-2])
+            warm, its = (target_args[4], target_args[5]) if target is run_backend else (target_args[-3], target_args[-2])
+            n_ticks = len(workloads) * (warm + its)
             bar = progress.add_task(key, total=n_ticks)
             for r in run_in_child(target, target_args, tick=lambda: progress.advance(bar)):
                 r.backend = {"ort-int8": "twostep ort-cpu int8", "ort-fp32": "twostep ort-cpu fp32",

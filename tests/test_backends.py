@@ -13,7 +13,13 @@ from twostep.runtime import backends
 from twostep.runtime.backends.torch_backend import TorchBackend
 
 # Every registered backend must appear here; GPU ones are skipped with a reason where there is no GPU.
-PARITY_MATRIX = {"torch": {}, "ort-cpu": {}, "ort-cuda": {"marks": [pytest.mark.gpu]}}
+PARITY_MATRIX = {
+    "torch": {},
+    "ort-cpu": {},
+    "ort-cuda": {"marks": [pytest.mark.gpu]},
+    "ort-trt": {"marks": [pytest.mark.gpu, pytest.mark.trt]},
+    "trt": {"marks": [pytest.mark.gpu, pytest.mark.trt]},
+}
 
 
 def test_every_registered_backend_is_in_the_parity_matrix():
@@ -38,6 +44,18 @@ def test_backend_matches_eager_on_the_shape_grid(name, tiny_artifact):
     assert report.ok, report.failures[:5]
     assert report.cases == 6 * (1 + 6)  # (batch, src_len) encoder cases, each with 6 decoder cases
     assert set(report.max_error) >= {"decoder.logits", "encoder.present_key_cross_0", "decoder.present_value_self_1"}
+
+
+@pytest.mark.gpu
+def test_torch_on_cuda_matches_torch_on_cpu(tiny_artifact):
+    art, ckpt = tiny_artifact
+    reason = backends.unavailable_reason("torch", device="cuda")
+    if reason:
+        pytest.skip(f"torch on cuda unavailable here: {reason}")
+    model = load_checkpoint(ckpt).model
+    with TorchBackend(model, device="cuda") as gpu, TorchBackend(load_checkpoint(ckpt).model) as cpu:
+        report = compare_graphs(gpu, cpu)
+    assert report.ok, report.failures[:5]
 
 
 def test_unknown_backend_lists_what_is_available():

@@ -91,7 +91,8 @@ def measure(name: str, w: Workload, request: Callable[[], None], encode: Callabl
 
 
 def run_backend(name: str, artifact_dir: Path | None, checkpoint_dir: Path | None, workloads: list[Workload],
-                warmup: int, iters: int, threads: int | None, tick: Callable[[], None] = lambda: None) -> list[Result]:
+                warmup: int, iters: int, threads: int | None, device: str = "cpu",
+                tick: Callable[[], None] = lambda: None) -> list[Result]:
     """Measure one backend in this process. Imports stay lazy: an ort-cpu run never imports torch."""
     from twostep.errors import TwostepError
     from twostep.runtime import backends, decoding
@@ -104,6 +105,8 @@ def run_backend(name: str, artifact_dir: Path | None, checkpoint_dir: Path | Non
 
             artifact = load_artifact(artifact_dir)
         options = {"threads": threads} if threads else {}
+        if name == "torch":
+            options["device"] = device
         backend = backends.create(name, artifact=artifact, checkpoint_dir=checkpoint_dir, **options)
     except TwostepError as exc:
         return [Result(name, w, error=str(exc)) for w in workloads]
@@ -154,10 +157,11 @@ def run_in_child(target: Callable[..., list[Result]], args: tuple, tick: Callabl
 
 
 def bench(backend_names: list[str], artifact_dir: Path | None, checkpoint_dir: Path | None, workloads: list[Workload],
-          warmup: int = 3, iters: int = 5, threads: int | None = None,
+          warmup: int = 3, iters: int = 5, threads: int | None = None, device: str = "cpu",
           tick: Callable[[], None] = lambda: None) -> list[Result]:
     """Run each backend in a fresh child process, one after the other; results in backend order."""
     out: list[Result] = []
     for name in backend_names:
-        out += run_in_child(run_backend, (name, artifact_dir, checkpoint_dir, workloads, warmup, iters, threads), tick)
+        args = (name, artifact_dir, checkpoint_dir, workloads, warmup, iters, threads, device)
+        out += run_in_child(run_backend, args, tick)
     return out

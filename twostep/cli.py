@@ -101,6 +101,7 @@ def translate(
     seed: Optional[int] = typer.Option(None),
     max_new_tokens: Optional[int] = typer.Option(None, min=1),
     threads: Optional[int] = typer.Option(None, min=1),
+    device: str = typer.Option("cpu", help="torch backend only: cpu or cuda."),
     ids: bool = typer.Option(False, "--ids", help="Input and output are token ids separated by spaces."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -115,6 +116,8 @@ def translate(
                             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             max_new_tokens=max_new_tokens)
     extra = {"threads": threads} if threads else {}
+    if device != "cpu":
+        extra["device"] = device
     translator, be = open_translator(model_dir, backend, checkpoint, options, **extra)
     with be:
         if ids:
@@ -136,7 +139,7 @@ def export(
     ckpt_dir: Path = typer.Argument(..., help="Checkpoint directory."),
     out_dir: Path = typer.Option(..., "--out", help="Artifact directory to write (replaced atomically)."),
     opset: int = typer.Option(18, help="ONNX opset, 17..23."),
-    dtype: str = typer.Option("fp32", help="fp32, or int8 (dynamic quantization of the weight MatMuls)."),
+    dtype: str = typer.Option("fp32", help="fp32; fp16 (fragile ops kept fp32); int8 (dynamic quantization of the weight MatMuls)."),
     optimize: bool = typer.Option(False, help="ONNX Runtime transformer fusions (ONNX Runtime only, not TensorRT)."),
 ) -> None:
     """Export a checkpoint as encoder.onnx + decoder.onnx + manifest.json, validated against eager PyTorch."""
@@ -157,13 +160,14 @@ def verify(
     backend: str = typer.Option("ort-cpu"),
     beam: int = typer.Option(4, min=2, help="Beam size of the beam-search check."),
     limit: Optional[int] = typer.Option(None, min=1, help="Only the first N test sentences."),
+    device: str = typer.Option("cpu", help="Device of the eager PyTorch reference: cpu or cuda."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Graph parity on the shape grid, then greedy and beam outputs on the test split, against eager PyTorch."""
     from twostep.verify import verify as run_verify
 
     with err.status("verifying") as status:
-        report = run_verify(art_dir, checkpoint, backend, beam, limit, log=lambda m: status.update(m))
+        report = run_verify(art_dir, checkpoint, backend, beam, limit, device=device, log=lambda m: status.update(m))
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -206,6 +210,7 @@ def bench(
     threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads (default: the library's)."),
     warmup: int = typer.Option(3, min=0),
     iters: int = typer.Option(5, min=1),
+    device: str = typer.Option("cpu", help="torch backend only: cpu or cuda."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Decode speed of backends on the same inputs with a fixed output length (EOS suppressed)."""
@@ -213,15 +218,20 @@ def bench(
 
     from twostep.artifact import load_artifact
     from twostep.bench import Workload, bench as run_bench
+    from twostep.runtime import backends
 
     names = [b.strip() for b in backend.split(",") if b.strip()]
+    reasons = {n: backends.unavailable_reason(n, **({"device": device} if n == "torch" else {})) for n in names}
+    if all(reasons.values()):  # nothing to measure: say what is missing and how to get it
+        raise TwostepError("; ".join(f"backend {n!r} is not available here: {r}. Install: "
+                                     f"{backends.backend_info(n).install}" for n, r in reasons.items()))
     config = load_artifact(art_dir, check_hashes=False).config
     if src_len > config.max_positions or new_tokens > config.max_positions:
         raise TwostepError(f"--src-len and --new-tokens must be at most max_positions {config.max_positions}")
     workloads = [Workload(b, src_len, new_tokens, beam) for b in int_list(batch, "--batch")]
     with Progress(console=err, transient=True) as progress:
         bar = progress.add_task("bench", total=len(names) * len(workloads) * (warmup + iters))
-        results = run_bench(names, art_dir, checkpoint, workloads, warmup, iters, threads,
+        results = run_bench(names, art_dir, checkpoint, workloads, warmup, iters, threads, device,
                             tick=lambda: progress.advance(bar))
     if as_json:
         emit_json([r.to_dict() for r in results])
@@ -246,6 +256,31 @@ def bench(
     out.print(table)
     for name, reason in unavailable.items():
         out.print(f"{name}: {reason}", markup=False, highlight=False)
+
+
+@app.command("build-engine")
+def build_engine_cmd(
+    art_dir: Path = typer.Argument(..., help="Artifact directory (fp32 or fp16, exported without --optimize)."),
+    fp16: bool = typer.Option(False, "--fp16", help="Let TensorRT use fp16 kernels for an fp32 artifact."),
+    max_batch: int = typer.Option(64, min=1, help="Rows: batch x beam."),
+    max_src_len: int = typer.Option(256, min=1),
+    max_new_tokens: int = typer.Option(256, min=2),
+) -> None:
+    """Build (or reuse) TensorRT engines for both graphs, with profiles from the manifest's symbolic axes."""
+    from twostep.artifact import load_artifact
+    from twostep.runtime import backends
+    from twostep.runtime.backends.trt import Profile, build_engine
+
+    reason = backends.unavailable_reason("trt")
+    if reason:
+        raise TwostepError(f"TensorRT is not available here: {reason}")
+    artifact = load_artifact(art_dir)
+    c = artifact.config
+    profile = Profile(max_batch=max_batch, opt_batch=min(8, max_batch), max_src_len=min(max_src_len, c.max_positions),
+                      opt_src_len=min(32, max_src_len), max_new_tokens=min(max_new_tokens, c.max_positions))
+    for graph in artifact.graphs:
+        path = build_engine(artifact, graph, profile, fp16, log=lambda m: err.print(m))
+        out.print(f"{graph}: {path}")
 
 
 @app.command()

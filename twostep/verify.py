@@ -70,13 +70,16 @@ def test_sources(artifact, limit: int | None, seed: int = 0) -> list[list[int]]:
 
 
 def verify(art_dir: Path, ckpt_dir: Path, backend: str = "ort-cpu", beam_size: int = 4,
-           limit: int | None = None, batch_size: int = 32, log=lambda message: None) -> VerifyReport:
+           limit: int | None = None, batch_size: int = 32, device: str = "cpu",
+           log=lambda message: None) -> VerifyReport:
+    """`device`: where the eager reference runs (cuda: the GPU reference for GPU backends)."""
     artifact = load_artifact(art_dir)
     ckpt = load_checkpoint(ckpt_dir)
     if ckpt.config != artifact.config:
         raise BadArtifact(f"{art_dir} was not exported from {ckpt_dir}: the model configs differ")
-    candidate = backends.create(backend, artifact=artifact, checkpoint_dir=ckpt_dir)
-    with candidate, TorchBackend(ckpt.model) as reference:
+    options = {"device": device} if backend == "torch" else {}
+    candidate = backends.create(backend, artifact=artifact, checkpoint_dir=ckpt_dir, **options)
+    with candidate, TorchBackend(ckpt.model, device=device) as reference:
         log(f"graph parity on the shape grid ({backend} vs eager torch)")
         report = VerifyReport(backend, artifact.precision, compare_graphs(candidate, reference, artifact.precision),
                               required_share=REQUIRED_AGREEMENT[artifact.precision])

@@ -18,7 +18,7 @@ import twostep
 from twostep.artifact import FORMAT, GRAPH_FILES, SCHEMA_VERSION, load_artifact, write_manifest
 from twostep.errors import BadInput, ParityFailure
 from twostep.exporter.graphs import TRACE_SIZES, export_graph
-from twostep.exporter.quantize import fuse_transformer_ops, quantize_int8
+from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
 from twostep.exporter.spec import graph_specs
 from twostep.exporter.validate import SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_graphs
 from twostep.model.checkpoint import load_checkpoint
@@ -26,7 +26,7 @@ from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
 
 # --dtype -> (graph I/O dtype, weight precision)
-DTYPES = {"fp32": ("float32", "fp32"), "int8": ("float32", "int8")}
+DTYPES = {"fp32": ("float32", "fp32"), "fp16": ("float16", "fp16"), "int8": ("float32", "int8")}
 DEFAULT_OPSET = 18
 
 
@@ -68,10 +68,13 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
         for graph, spec in specs.items():
             log(f"exporting {graph}")
             path = tmp / GRAPH_FILES[graph]
-            export_graph(model, graph, spec, path, opset)
+            export_graph(model, graph, graph_specs(model.config)[graph], path, opset)  # traced in fp32
             if optimize:
                 log(f"fusing {graph}")
                 fusions[graph] = fuse_transformer_ops(path, model.config.n_heads, model.config.d_model)
+            if precision == "fp16":
+                log(f"converting {graph} to fp16")
+                quantization = convert_fp16(path)
             if precision == "int8":
                 log(f"quantizing {graph} to int8")
                 fp32 = path.with_suffix(".fp32.onnx")

@@ -48,3 +48,25 @@ def fuse_transformer_ops(path: Path, n_heads: int, d_model: int) -> dict:
     finally:
         root.setLevel(level)
     return fused
+
+
+# Numerically fragile in fp16: normalisation statistics and the softmax. These stay fp32 (with casts around
+# them); the mask value is clamped into fp16's range (-65504) by the converter, and the softmax that consumes
+# it runs in fp32.
+FP16_KEEP_FP32 = ("LayerNormalization", "Softmax", "ReduceMean", "ReduceSum", "Pow", "Sqrt", "Reciprocal")
+
+
+def convert_fp16(path: Path) -> dict:
+    """fp16 weights and activations, I/O included (float16 KV cache), fragile ops kept in fp32."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = onnx.load(str(path))
+    present = sorted({n.op_type for n in model.graph.node} & set(FP16_KEEP_FP32))
+    kept = sum(n.op_type in present for n in model.graph.node)
+    model = OnnxModel(convert_float_to_float16(model, keep_io_types=False, op_block_list=present))
+    model.topological_sort()  # the converter appends its Cast nodes out of order
+    del model.model.graph.value_info[:]  # it also leaves stale fp32 types on intermediate values
+    onnx.save(onnx.shape_inference.infer_shapes(model.model, strict_mode=True), str(path))
+    return {"kept_fp32_op_types": present, "kept_fp32_nodes": kept, "mask_value": -65504.0}

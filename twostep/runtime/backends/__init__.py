@@ -31,14 +31,20 @@ BACKENDS = {
         BackendInfo("ort-cuda", "twostep.runtime.backends.ort:OrtCudaBackend", True,
                     "pip install 'twostep[gpu]' (onnxruntime-gpu, CUDA 13) on a machine with an NVIDIA GPU",
                     needs_gpu=True),
+        BackendInfo("ort-trt", "twostep.runtime.backends.ort:OrtTrtBackend", True,
+                    "pip install 'twostep[gpu,trt]' (onnxruntime-gpu with TensorRT libraries) on an NVIDIA GPU",
+                    needs_gpu=True),
+        BackendInfo("trt", "twostep.runtime.backends.trt:TrtBackend", True,
+                    "pip install 'twostep[trt]' (TensorRT 10 or 11) and torch with CUDA, on an NVIDIA GPU",
+                    needs_gpu=True),
     )
 }
 
 
-def unavailable_reason(name: str) -> str | None:
+def unavailable_reason(name: str, **options) -> str | None:
     """None when the backend can run here, else why not."""
     cls = backend_info(name).load_class()
-    return cls.unavailable()
+    return cls.unavailable(**options)
 
 
 def backend_info(name: str) -> BackendInfo:
@@ -55,7 +61,7 @@ def available() -> list[str]:
 def create(name: str, artifact=None, checkpoint_dir: Path | None = None, **options):
     """A loaded backend. ONNX backends run the artifact (twostep.artifact.Artifact); `torch` the checkpoint."""
     info = backend_info(name)
-    reason = unavailable_reason(name)
+    reason = unavailable_reason(name, **({"device": options["device"]} if "device" in options else {}))
     if reason:
         runnable = ", ".join(available())
         raise BackendUnavailable(f"backend {name!r} is not available here: {reason}. Install: {info.install}. "

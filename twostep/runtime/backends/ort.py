@@ -60,9 +60,12 @@ class OrtBackend(Backend):
             path = self.artifact.graph_file(graph)
             try:
                 self.sessions[graph] = ort.InferenceSession(str(path), self.session_options(),
-                                                            providers=list(self.providers))
+                                                            providers=self.provider_list())
             except Exception as exc:  # onnxruntime raises its own exception types for unreadable models
                 raise BadArtifact(f"{path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0][:300]}") from None
+
+    def provider_list(self) -> list:
+        return list(self.providers)
 
     def _run(self, graph: str, feeds: Feeds) -> Feeds:
         session = self.sessions[graph]
@@ -82,3 +85,28 @@ class OrtCudaBackend(OrtBackend):
 
         self.load()
         return CudaSession(self)
+
+
+class OrtTrtBackend(OrtCudaBackend):
+    """ONNX Runtime's TensorRT execution provider, with its engine cache in the artifact directory."""
+
+    name = "ort-trt"
+    providers = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+    def provider_list(self) -> list:
+        from twostep.runtime.backends.trt import Profile
+
+        profile = Profile()
+
+        def shapes(k: int) -> str:
+            return ",".join(f"{t.name}:" + "x".join(map(str, profile.shapes(t.shape)[k]))
+                            for spec in self.graphs.values() for t in spec.inputs)
+
+        options = {
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(self.artifact.path / "engines" / "ort-trt"),
+            "trt_fp16_enable": self.artifact.precision == "fp16",
+            "trt_profile_min_shapes": shapes(0), "trt_profile_opt_shapes": shapes(1),
+            "trt_profile_max_shapes": shapes(2),
+        }
+        return [("TensorrtExecutionProvider", options), "CUDAExecutionProvider", "CPUExecutionProvider"]
