@@ -68,3 +68,19 @@ def test_gpu_backend_without_gpu_says_how_to_install(tiny_artifact):
         pytest.skip("ort-cuda is available on this machine")
     with pytest.raises(BackendUnavailable, match=r"not available here: .*CUDAExecutionProvider.*twostep\[gpu\]"):
         backends.create("ort-cuda", artifact=load_artifact(tiny_artifact[0]))
+
+
+def test_io_binding_session_decodes_like_the_host_session(demo_artifact):
+    """ort-cuda's session (OrtValues bound in place, device-side beam reorder) run on the CPU provider."""
+    from twostep.runtime import decoding
+    from twostep.runtime.backends.ort import OrtBackend
+    from twostep.runtime.backends.ort_cuda import IoBindingSession
+
+    sources = [[5, 9, 13, 7, 3], [11, 3], [8, 8, 21, 33, 40, 12, 6, 3]]
+    common = dict(bos_id=2, eos_id=3, pad_id=0, max_new_tokens=12)
+    with OrtBackend(load_artifact(demo_artifact)) as backend:
+        bound, host = IoBindingSession(backend, "cpu"), backend.session()
+        assert decoding.greedy(bound, sources, **common) == decoding.greedy(host, sources, **common)
+        a = decoding.beam_search(bound, sources, beam_size=4, n_best=2, **common)
+        b = decoding.beam_search(host, sources, beam_size=4, n_best=2, **common)
+    assert [[h.tokens for h in x] for x in a] == [[h.tokens for h in x] for x in b]

@@ -81,10 +81,10 @@ class OrtCudaBackend(OrtBackend):
     providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
     def session(self):
-        from twostep.runtime.backends.ort_cuda import CudaSession
+        from twostep.runtime.backends.ort_cuda import IoBindingSession
 
         self.load()
-        return CudaSession(self)
+        return IoBindingSession(self, "cuda")
 
 
 class OrtTrtBackend(OrtCudaBackend):

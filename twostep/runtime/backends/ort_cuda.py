@@ -11,7 +11,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from twostep.runtime.backends.base import NUMPY_DTYPES
-from twostep.runtime.backends.ort import OrtCudaBackend, import_ort
+from twostep.runtime.backends.ort import OrtBackend, import_ort
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
 
@@ -27,22 +27,24 @@ def gather_model(dtype: str, opset: int = 17) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
 
 
-class CudaSession:
-    def __init__(self, backend: OrtCudaBackend, device_id: int = 0):
+class IoBindingSession:
+    """`device_type` is "cuda" for ort-cuda; "cpu" runs the same binding logic on the CPU (tests do)."""
+
+    def __init__(self, backend: OrtBackend, device_type: str = "cuda", device_id: int = 0):
         self.ort = import_ort()
-        self.backend, self.device_id = backend, device_id
+        self.backend, self.device_type, self.device_id = backend, device_type, device_id
         dec = backend.graphs["decoder"]
         self.dtype = dec.outputs[0].dtype
         self.self_names = [t.name for t in dec.inputs if t.name.startswith("past_") and "_self_" in t.name]
         self.cross_names = [t.name for t in dec.inputs if "_cross_" in t.name]
         self.gathers = {
-            dtype: self.ort.InferenceSession(gather_model(dtype), providers=list(backend.providers))
+            dtype: self.ort.InferenceSession(gather_model(dtype), providers=backend.provider_list())
             for dtype in {self.dtype, "int64"}
         }
         self.state: dict = {}
 
     def to_device(self, array: np.ndarray):
-        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", self.device_id)
+        return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device_type, self.device_id)
 
     def run(self, graph: str, inputs: dict) -> dict:
         session = self.backend.sessions[graph]
@@ -51,7 +53,7 @@ class CudaSession:
             binding.bind_ortvalue_input(name, value)
         names = self.backend.graphs[graph].output_names
         for name in names:
-            binding.bind_output(name, "cuda", self.device_id)
+            binding.bind_output(name, self.device_type, self.device_id)
         session.run_with_iobinding(binding)
         return dict(zip(names, binding.get_outputs()))
 
@@ -65,7 +67,7 @@ class CudaSession:
         for name in self.self_names:
             head_dim = c.head_dim_k if "_key_" in name else c.head_dim_v
             self.state[name] = self.ort.OrtValue.ortvalue_from_shape_and_type(
-                [b, c.n_heads, 0, head_dim], NUMPY_DTYPES[self.dtype], "cuda", self.device_id)
+                [b, c.n_heads, 0, head_dim], NUMPY_DTYPES[self.dtype], self.device_type, self.device_id)
         self.position = 0
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
@@ -87,9 +89,9 @@ class CudaSession:
             binding = session.io_binding()
             binding.bind_ortvalue_input("data", value)
             binding.bind_ortvalue_input("indices", indices)
-            binding.bind_output("out", "cuda", self.device_id)
+            binding.bind_output("out", self.device_type, self.device_id)
             session.run_with_iobinding(binding)
             self.state[name] = binding.get_outputs()[0]
 
 
-__all__ = ["CudaSession", "gather_model"]
+__all__ = ["IoBindingSession", "gather_model"]
