@@ -87,3 +87,15 @@ def test_text_commands_need_a_tokenizer(tmp_path):
 
 def test_empty_input_is_a_user_error(demo_model_dir):
     assert_user_error(twostep("translate", demo_model_dir, stdin="\n\n"), "no input")
+
+
+@pytest.mark.slow
+def test_train_runs_end_to_end(tmp_path):
+    result = twostep("train", "--out", tmp_path / "ck", "--preset", "tiny", "--steps", "4", "--eval-every", "2",
+                     "--max-tokens", "400")
+    assert result.returncode == 0, result.stderr
+    ckpt = load_checkpoint(tmp_path / "ck")
+    training = ckpt.info["training"]
+    assert training["steps"] == 4 and training["command"].startswith("twostep train")
+    assert ckpt.tokenizer_path is not None and ckpt.task == "numbers-en-de"
+    assert not (tmp_path / "ck.train").exists()  # the resumable state is removed once training finished
