@@ -49,3 +49,10 @@ def demo_artifact(tmp_path_factory, demo_model_dir) -> Path:
     from twostep.exporter.export import export
 
     return export(demo_model_dir, tmp_path_factory.mktemp("demo") / "art").path
+
+
+@pytest.fixture(scope="session")
+def demo_int8(tmp_path_factory, demo_model_dir) -> Path:
+    from twostep.exporter.export import export
+
+    return export(demo_model_dir, tmp_path_factory.mktemp("demo-int8") / "art", dtype="int8").path

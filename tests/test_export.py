@@ -106,8 +106,11 @@ def test_base_preset_exports_and_validates(tmp_path):
     assert load_artifact(result.path).config.d_model == 512
 
 
-def test_int8_export_agrees_with_fp32_eager_and_a_broken_int8_path_fails(demo_model_dir, tmp_path):
-    art = export(demo_model_dir, tmp_path / "int8", dtype="int8").path
+def test_int8_export_agrees_with_fp32_eager_and_a_broken_int8_path_fails(demo_int8, demo_model_dir, tmp_path):
+    import shutil
+
+    art = tmp_path / "int8"
+    shutil.copytree(demo_int8, art)
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["precision"] == "int8" and manifest["quantization"]["reduce_range"] is True
     model = onnx.load(str(art / "decoder.onnx"))
