@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := twostep/demo/model
 
-.PHONY: setup test demo clean
+.PHONY: setup test demo clean cpp cpp-bench
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,5 +29,19 @@ demo: setup
 	$(BIN)/twostep bench $(ART) --backend ort-cpu,torch --checkpoint $(DEMO) --batch 1,32 --new-tokens 32 \
 		--warmup 1 --iters 3
 
+# The C++ embedding (also built and tested by `make test`, through tests/test_cpp.py).
+cpp: setup
+	PYTHON=$(BIN)/python cpp/fetch_deps.sh
+	cmake -S cpp -B cpp/build -DCMAKE_BUILD_TYPE=Release
+	cmake --build cpp/build -j2
+	cd cpp/build && ctest --output-on-failure
+
+artifacts/cppbase/manifest.json: | setup
+	$(BIN)/twostep init --preset base --vocab 32000 --out runs/cppbase
+	$(BIN)/twostep export runs/cppbase --out artifacts/cppbase
+
+cpp-bench: cpp artifacts/cppbase/manifest.json
+	$(BIN)/python cpp/bench.py artifacts/cppbase
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info artifacts
+	rm -rf $(VENV) .pytest_cache build *.egg-info artifacts runs cpp/build cpp/third_party

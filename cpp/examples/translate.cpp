@@ -1,0 +1,117 @@
+// twostep-translate ART_DIR [options] < sentences: one translation per input line, in input order.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "twostep/twostep.h"
+
+namespace {
+const char* kUsage =
+    "usage: twostep-translate ART_DIR [--beam N] [--n-best N] [--length-penalty X] [--threads N]\n"
+    "                         [--provider cpu|cuda] [--ids] [--scores] [--max-new-tokens N] [--suppress-eos]\n"
+    "                         [--batch-size N] [--warmup N --repeat N]\n"
+    "Reads one sentence a line from stdin (with --ids: space-separated token ids ending with eos) and prints\n"
+    "one line per input: the translation, or with --n-best N the N best, tab-separated (--scores: each\n"
+    "preceded by its score and a space). --repeat N decodes the input N more times after --warmup runs and\n"
+    "prints each run's milliseconds to stderr.\n";
+
+template <typename T>
+T parse(const std::string& flag, const std::string& value) {
+  std::istringstream in(value);
+  T out{};
+  if (!(in >> out) || !in.eof()) throw twostep::Error(flag + ": expected a number, got '" + value + "'");
+  return out;
+}
+
+twostep::Ids parse_ids(const std::string& line, size_t number) {
+  twostep::Ids ids;
+  std::istringstream in(line);
+  std::string word;
+  while (in >> word) {
+    try {
+      size_t used = 0;
+      ids.push_back(std::stoll(word, &used));
+      if (used != word.size()) throw std::invalid_argument(word);
+    } catch (const std::logic_error&) {  // std::stoll's invalid_argument and out_of_range
+      throw twostep::Error("line " + std::to_string(number) + ": '" + word + "' is not a token id");
+    }
+  }
+  return ids;
+}
+std::string ids_text(const twostep::Ids& ids) {
+  std::string out;
+  for (int64_t id : ids) out += (out.empty() ? "" : " ") + std::to_string(id);
+  return out;
+}
+
+std::string score_text(double score) {  // round-trip precision
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", score);
+  return text;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::string dir;
+    twostep::Options options;
+    twostep::DecodeOptions decode;
+    bool ids_mode = false, scores = false;
+    int warmup = 0, repeat = 0;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw twostep::Error(arg + " needs a value");
+        return argv[++i];
+      };
+      if (arg == "-h" || arg == "--help") return std::cout << kUsage, 0;
+      else if (arg == "--beam") decode.beam_size = parse<int>(arg, value());
+      else if (arg == "--n-best") decode.n_best = parse<int>(arg, value());
+      else if (arg == "--length-penalty") decode.length_penalty = parse<double>(arg, value());
+      else if (arg == "--threads") options.threads = parse<int>(arg, value());
+      else if (arg == "--provider") options.provider = value();
+      else if (arg == "--max-new-tokens") decode.max_new_tokens = parse<int>(arg, value());
+      else if (arg == "--batch-size") decode.batch_size = parse<int>(arg, value());
+      else if (arg == "--warmup") warmup = parse<int>(arg, value());
+      else if (arg == "--repeat") repeat = parse<int>(arg, value());
+      else if (arg == "--suppress-eos") decode.suppress_eos = true;
+      else if (arg == "--ids") ids_mode = true;
+      else if (arg == "--scores") scores = true;
+      else if (arg.rfind("-", 0) == 0 || !dir.empty()) throw twostep::Error("unexpected argument " + arg + "\n" + kUsage);
+      else dir = arg;
+    }
+    if (dir.empty()) throw twostep::Error(std::string("missing ART_DIR\n") + kUsage);
+
+    twostep::Model model = twostep::Model::load(dir, options);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(std::cin, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      lines.push_back(line);
+    }
+    std::vector<twostep::Ids> sources;
+    if (!ids_mode) sources = model.encode(lines);
+    for (size_t n = 0; ids_mode && n < lines.size(); ++n) sources.push_back(parse_ids(lines[n], n + 1));
+    std::vector<std::vector<twostep::Hypothesis>> results;
+    for (int run = 0; run < warmup + repeat + (repeat == 0); ++run) {
+      const auto t0 = std::chrono::steady_clock::now();
+      results = model.decode_ids(sources, decode);
+      const std::chrono::duration<double, std::milli> ms = std::chrono::steady_clock::now() - t0;
+      if (repeat > 0 && run >= warmup) std::fprintf(stderr, "run_ms %.3f\n", ms.count());
+    }
+    for (const auto& hyps : results) {
+      for (size_t h = 0; h < hyps.size(); ++h) {
+        if (h) std::cout << '\t';
+        if (scores) std::cout << score_text(hyps[h].score) << ' ';
+        std::cout << (ids_mode ? ids_text(hyps[h].tokens) : model.decode(hyps[h].tokens));
+      }
+      std::cout << '\n';
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << '\n';
+    return 1;
+  }
+}

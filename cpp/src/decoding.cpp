@@ -1,0 +1,193 @@
+// Greedy and beam search, ported from twostep/runtime/decoding.py step for step (same candidate order, EOS
+// handling, length normalisation, done rule and max_new_tokens fallback), so both give the same sequences.
+#include "decoding.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace twostep::detail {
+namespace {
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Max of a short run of floats, in eight independent lanes (no serial dependency between comparisons).
+float block_max(const float* x, int64_t n) {
+  float lanes[8];
+  std::fill(lanes, lanes + 8, -std::numeric_limits<float>::infinity());
+  int64_t v = 0;
+  for (; v + 8 <= n; v += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] = x[v + j] > lanes[j] ? x[v + j] : lanes[j];
+  for (; v < n; ++v) lanes[0] = x[v] > lanes[0] ? x[v] : lanes[0];
+  return *std::max_element(lanes, lanes + 8);
+}
+
+// numpy's argmax of a row: the first maximum (logits are NaN-free). Finds the first block holding the
+// maximum, then the maximum's place in it.
+int64_t argmax(const float* row, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_block = 0;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const float m = block_max(row + start, std::min(kBlock, n - start));
+    if (m > best) best = m, best_block = start;
+  }
+  return std::find(row + best_block, row + n, best) - row;
+}
+
+// One row of Python's log_softmax(logits.astype(float64)): logp[v] = (x[v] - max) - log(sum(exp(x - max))).
+// Returns {max, log-sum-exp}; the caller forms logp in that order, so that it rounds like numpy.
+std::pair<double, double> log_softmax_row(const float* x, int64_t vocab, std::vector<double>& tmp) {
+  const double mx = x[argmax(x, vocab)];
+  tmp.resize(vocab);
+  for (int64_t v = 0; v < vocab; ++v) tmp[v] = std::exp(static_cast<double>(x[v]) - mx);
+  return {mx, std::log(pairwise_sum(tmp.data(), vocab))};
+}
+
+// The first `n` finite entries of numpy's stable argsort(-total) over one sentence's k*vocab candidates,
+// total = beam score + logp: descending, ties in flat-index order. -inf candidates (beams not yet alive, a
+// suppressed eos) are left out, as the Python loop stops at the first one; so are their rows' log-softmax.
+void select_top(const float* logits, const double* scores, int64_t k, int64_t vocab, int64_t skip_token, size_t n,
+                std::vector<double>& tmp, std::vector<std::pair<double, int64_t>>& top) {
+  top.clear();
+  for (int64_t beam = 0; beam < k; ++beam) {
+    if (scores[beam] == kNegInf) continue;
+    const float* x = logits + beam * vocab;
+    const auto [mx, lse] = log_softmax_row(x, vocab, tmp);
+    for (int64_t token = 0; token < vocab; ++token) {
+      const double v = scores[beam] + ((static_cast<double>(x[token]) - mx) - lse);
+      if (token == skip_token || v == kNegInf || (top.size() == n && !(v > top.back().first))) continue;
+      auto at = std::upper_bound(top.begin(), top.end(), v, [](double x, const auto& e) { return x > e.first; });
+      top.insert(at, {v, beam * vocab + token});
+      if (top.size() > n) top.pop_back();
+    }
+  }
+}
+
+// Python: finished.sort(key=lambda h: -h.score) (stable); del finished[n_best:]
+void keep_best(std::vector<Hypothesis>& hyps, int n_best) {
+  std::stable_sort(hyps.begin(), hyps.end(), [](const auto& a, const auto& b) { return a.score > b.score; });
+  if (static_cast<int>(hyps.size()) > n_best) hyps.resize(n_best);
+}
+}  // namespace
+
+double pairwise_sum(const double* a, int64_t n) {
+  if (n < 8) {
+    double res = 0.;
+    for (int64_t i = 0; i < n; ++i) res += a[i];
+    return res;
+  }
+  if (n <= 128) {
+    double r[8];
+    for (int j = 0; j < 8; ++j) r[j] = a[j];
+    int64_t i = 8;
+    for (; i < n - (n % 8); i += 8)
+      for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+    double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) res += a[i];
+    return res;
+  }
+  int64_t n2 = n / 2;
+  n2 -= n2 % 8;
+  return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
+                        int max_new_tokens, bool suppress_eos) {
+  session.start(sources);
+  const size_t batch = sources.size();
+  const int64_t vocab = session.vocab();
+  Ids tokens(batch, s.bos_id);
+  std::vector<bool> done(batch, false);
+  std::vector<Ids> out(batch);
+  for (int t = 0; t < max_new_tokens; ++t) {
+    float* logits = session.step(tokens);
+    bool all_done = true;
+    for (size_t b = 0; b < batch; ++b) {
+      float* row = logits + b * vocab;
+      if (suppress_eos) row[s.eos_id] = -std::numeric_limits<float>::infinity();
+      const int64_t best = argmax(row, vocab);
+      tokens[b] = best;
+      if (!done[b]) {
+        if (best == s.eos_id) done[b] = true;
+        else out[b].push_back(best);
+      }
+      all_done = all_done && done[b];
+    }
+    if (all_done) break;
+  }
+  return out;
+}
+
+std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std::vector<Ids>& sources,
+                                                 const Specials& s, int beam_size, double length_penalty,
+                                                 int n_best, int max_new_tokens, bool suppress_eos) {
+  if (n_best < 1 || n_best > beam_size)
+    throw Error("n_best must be between 1 and the beam size " + std::to_string(beam_size) + ", got " +
+                std::to_string(n_best));
+  session.start(sources);
+  const int64_t batch = static_cast<int64_t>(sources.size()), k = beam_size, vocab = session.vocab();
+  const int64_t rows_n = batch * k;
+  std::vector<int64_t> rows(rows_n);
+  for (int64_t r = 0; r < rows_n; ++r) rows[r] = r / k;  // (B*K) rows, sentence-major
+  session.expand(rows);
+  std::vector<double> scores(rows_n, kNegInf);
+  for (int64_t b = 0; b < batch; ++b) scores[b * k] = 0.0;  // the first step expands one beam only
+  std::vector<Ids> history(rows_n);
+  int64_t width = 0;  // history's length
+  Ids tokens(rows_n, s.bos_id);
+  std::vector<std::vector<Hypothesis>> finished(batch);
+  std::vector<bool> done(batch, false);
+  auto norm = [&](double score, int64_t length) {
+    return score / std::pow(static_cast<double>(std::max<int64_t>(length, 1)), length_penalty);
+  };
+  std::vector<double> tmp;
+  std::vector<std::pair<double, int64_t>> top;
+
+  for (int t = 0; t < max_new_tokens; ++t) {
+    const float* logits = session.step(tokens);
+    std::vector<double> next_scores(rows_n, kNegInf);
+    Ids next_tokens(rows_n, s.pad_id);
+    std::vector<int64_t> origins(rows_n);
+    for (int64_t r = 0; r < rows_n; ++r) origins[r] = r % k;
+    for (int64_t b = 0; b < batch; ++b) {
+      if (done[b]) continue;
+      select_top(logits + b * k * vocab, &scores[b * k], k, vocab, suppress_eos ? s.eos_id : -1, 2 * k, tmp, top);
+      int64_t kept = 0;
+      for (const auto& [score, flat] : top) {
+        const int64_t beam = flat / vocab, token = flat % vocab;
+        if (token == s.eos_id) {
+          finished[b].push_back({history[b * k + beam], norm(score, t + 1)});
+          continue;
+        }
+        next_scores[b * k + kept] = score, next_tokens[b * k + kept] = token, origins[b * k + kept] = beam;
+        if (++kept == k) break;
+      }
+      keep_best(finished[b], n_best);
+      const double best_alive = norm(next_scores[b * k], t + 1);
+      if (kept == 0 || (static_cast<int>(finished[b].size()) == n_best && finished[b].back().score >= best_alive))
+        done[b] = true;
+    }
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    for (int64_t r = 0; r < rows_n; ++r) rows[r] = (r / k) * k + origins[r];
+    session.reorder(rows);
+    std::vector<Ids> next_history(rows_n);
+    for (int64_t r = 0; r < rows_n; ++r) {
+      next_history[r] = history[rows[r]];
+      next_history[r].push_back(next_tokens[r]);
+    }
+    history.swap(next_history);
+    ++width;
+    scores.swap(next_scores);
+    tokens.swap(next_tokens);
+  }
+  for (int64_t b = 0; b < batch; ++b) {  // sentences that hit max_new_tokens: their live beams count as finished
+    if (done[b]) continue;
+    for (int64_t beam = 0; beam < k; ++beam)
+      if (scores[b * k + beam] > kNegInf)
+        finished[b].push_back({history[b * k + beam], norm(scores[b * k + beam], width)});
+    keep_best(finished[b], n_best);
+  }
+  return finished;
+}
+
+}  // namespace twostep::detail

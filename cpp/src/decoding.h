@@ -1,0 +1,39 @@
+// The decoding loop, a line-by-line port of twostep/runtime/decoding.py (greedy, beam_search), written
+// against a StepSession like the Python one. Internal header.
+#pragma once
+
+#include "twostep/twostep.h"
+
+namespace twostep::detail {
+
+struct StepSession {
+  virtual ~StepSession() = default;
+  // Encode a batch of sources (right-padded inside) and reset the self-attention cache to zero length.
+  virtual void start(const std::vector<Ids>& sources) = 0;
+  // Feed one new token per row; returns float32 logits of that position, (rows, vocab) row-major, valid (and
+  // the caller's to change) until the next call.
+  virtual float* step(const Ids& tokens) = 0;
+  // Keep rows `rows` of everything the decoder is fed (beam search's first step: B -> B*K rows).
+  virtual void expand(const std::vector<int64_t>& rows) = 0;
+  // Keep rows `rows` of the self-attention cache. Rows stay within each sentence's beams, whose cross K/V and
+  // mask rows are equal, so those need no gather.
+  virtual void reorder(const std::vector<int64_t>& rows) = 0;
+  virtual int64_t vocab() const = 0;
+};
+
+struct Specials {
+  int64_t bos_id, eos_id, pad_id;
+};
+
+std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
+                        int max_new_tokens, bool suppress_eos);
+
+std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std::vector<Ids>& sources,
+                                                 const Specials& s, int beam_size, double length_penalty,
+                                                 int n_best, int max_new_tokens, bool suppress_eos);
+
+// numpy's float64 sum along a contiguous axis (pairwise, 8-way unrolled blocks of 128), so that
+// log-softmax rounds like the Python loop.
+double pairwise_sum(const double* a, int64_t n);
+
+}  // namespace twostep::detail

@@ -1,0 +1,380 @@
+// Model: the two ONNX Runtime sessions, the decoder's state between steps, the tokenizer, and the
+// Translator's batching (twostep/runtime/translator.py).
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+#include <sentencepiece_processor.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "decoding.h"
+#include "twostep/twostep.h"
+
+namespace twostep {
+namespace fs = std::filesystem;
+
+namespace {
+// The headers' C API version must be one the library serves (a newer library serves every older version).
+void init_ort() {
+  static const bool done = [] {
+    const OrtApi* api = OrtGetApiBase()->GetApi(ORT_API_VERSION);
+    if (!api)
+      throw Error(std::string("the ONNX Runtime library (") + OrtGetApiBase()->GetVersionString() +
+                  ") is older than the headers twostep was built with (C API version " +
+                  std::to_string(ORT_API_VERSION) + ")");
+    Ort::InitApi(api);
+    return true;
+  }();
+  (void)done;
+}
+
+// Runs f, turning ONNX Runtime's exceptions into twostep::Error.
+template <typename F>
+auto ort_errors(const std::string& what, F&& f) {
+  try {
+    return f();
+  } catch (const Ort::Exception& e) {
+    throw Error(what + ": ONNX Runtime error: " + e.what());
+  }
+}
+
+size_t element_size(ONNXTensorElementDataType type) {
+  switch (type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return 4;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return 2;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return 8;
+    default: throw Error("unexpected tensor element type " + std::to_string(type));
+  }
+}
+
+size_t index_of(const std::vector<std::string>& names, const std::string& name, const std::string& graph) {
+  auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) throw Error(graph + " graph: the manifest lists no tensor " + name);
+  return static_cast<size_t>(it - names.begin());
+}
+
+std::vector<const char*> c_strs(const std::vector<std::string>& names) {
+  std::vector<const char*> out;
+  for (const auto& n : names) out.push_back(n.c_str());
+  return out;
+}
+
+bool blank(const std::string& text) { return text.find_first_not_of(" \t\n\v\f\r") == std::string::npos; }
+
+Ort::SessionOptions session_options(const Options& o) {
+  if (o.threads < 0) throw Error("threads must be 0 (ONNX Runtime's default) or more, got " + std::to_string(o.threads));
+  Ort::SessionOptions so;
+  so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+  if (o.threads > 0) so.SetIntraOpNumThreads(o.threads).SetInterOpNumThreads(1);
+  so.SetLogSeverityLevel(3);
+  if (o.provider == "cuda") {
+    const auto have = Ort::GetAvailableProviders();
+    if (std::find(have.begin(), have.end(), "CUDAExecutionProvider") == have.end()) {
+      std::string list;
+      for (const auto& p : have) list += (list.empty() ? "" : ", ") + p;
+      throw Error("provider cuda: this ONNX Runtime build has no CUDAExecutionProvider (it has " + list +
+                  "); build against a GPU build of ONNX Runtime with -DONNXRUNTIME_ROOT=...");
+    }
+    ort_errors("provider cuda", [&] { so.AppendExecutionProvider_CUDA(OrtCUDAProviderOptions{}); });
+  } else if (o.provider != "cpu") {
+    throw Error("unknown provider '" + o.provider + "': expected cpu or cuda");
+  }
+  return so;
+}
+}  // namespace
+
+struct Model::Impl final : detail::StepSession {
+  static std::unique_ptr<Impl> load(const fs::path& dir, const Options& options);
+
+  Manifest m;
+  Ort::Env env{ORT_LOGGING_LEVEL_WARNING, "twostep"};
+  Ort::Session encoder{nullptr}, decoder{nullptr};
+  Ort::AllocatorWithDefaultOptions alloc;
+  ONNXTensorElementDataType float_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  sentencepiece::SentencePieceProcessor sp;
+  bool has_tokenizer = false;
+  std::vector<const char*> enc_in, enc_out, dec_in, dec_out;
+  size_t enc_ids = 0, ids_slot = 0, mask_slot = 0, logits_out = 0;
+  std::vector<std::pair<size_t, size_t>> self_slots;   // (decoder input past_*_self_i, decoder output present_*)
+  std::vector<std::pair<size_t, size_t>> cross_slots;  // (decoder input past_*_cross_i, encoder output present_*)
+
+  // The batch being decoded: the decoder's inputs (in dec_in order), the last logits, the cache length.
+  std::vector<Ort::Value> feeds;
+  Ort::Value logits{nullptr};
+  std::vector<float> logits_f32;  // float16 graphs: logits widened to float32
+  int64_t rows = 0, past_len = 0;
+
+  Ort::Session open(const Options& options, const std::string& file) {
+    const fs::path path = m.dir / file;
+    try {
+      return Ort::Session(env, path.c_str(), session_options(options));
+    } catch (const Ort::Exception& e) {
+      throw Error(path.string() + ": ONNX Runtime cannot load it: " + e.what());
+    }
+  }
+
+  std::vector<Ort::Value> run(Ort::Session& session, const char* graph, const std::vector<const char*>& in,
+                              const Ort::Value* values, const std::vector<const char*>& out) {
+    return ort_errors(std::string(graph) + " graph", [&] {
+      return session.Run(Ort::RunOptions{nullptr}, in.data(), values, in.size(), out.data(), out.size());
+    });
+  }
+
+  Ort::Value tensor(const std::vector<int64_t>& shape, ONNXTensorElementDataType type) {
+    return Ort::Value::CreateTensor(alloc, shape.data(), shape.size(), type);
+  }
+
+  // Rows `rows` of a tensor along axis 0, copied into a new tensor.
+  Ort::Value gather(const Ort::Value& value, const std::vector<int64_t>& rows) {
+    const auto info = value.GetTensorTypeAndShapeInfo();
+    std::vector<int64_t> shape = info.GetShape();
+    const size_t row_bytes = element_size(info.GetElementType()) * (info.GetElementCount() / shape[0]);
+    shape[0] = static_cast<int64_t>(rows.size());
+    Ort::Value out = tensor(shape, info.GetElementType());
+    if (row_bytes == 0) return out;
+    const auto* src = static_cast<const char*>(value.GetTensorRawData());
+    auto* dst = static_cast<char*>(out.GetTensorMutableRawData());
+    for (size_t i = 0; i < rows.size(); ++i) std::memcpy(dst + i * row_bytes, src + rows[i] * row_bytes, row_bytes);
+    return out;
+  }
+
+  int64_t vocab() const override { return m.tgt_vocab_size; }
+
+  void start(const std::vector<Ids>& sources) override {
+    size_t width = 0;
+    for (const auto& s : sources) width = std::max(width, s.size());
+    if (sources.empty() || std::any_of(sources.begin(), sources.end(), [](const Ids& s) { return s.empty(); }))
+      throw Error("empty input: every sentence needs at least one token");
+    if (static_cast<int64_t>(width) > m.max_positions)
+      throw Error("encoder: source of " + std::to_string(width) + " tokens, the model takes at most " +
+                  std::to_string(m.max_positions) + " (max_positions)");
+    rows = static_cast<int64_t>(sources.size());
+    const std::vector<int64_t> shape{rows, static_cast<int64_t>(width)};
+    Ort::Value enc_feeds[2] = {tensor(shape, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64),
+                               tensor(shape, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64)};
+    int64_t* ids = enc_feeds[enc_ids].GetTensorMutableData<int64_t>();
+    int64_t* mask = enc_feeds[1 - enc_ids].GetTensorMutableData<int64_t>();
+    for (int64_t b = 0; b < rows; ++b)
+      for (size_t i = 0; i < width; ++i) {
+        const bool real = i < sources[b].size();
+        const int64_t id = real ? sources[b][i] : m.pad_id;
+        if (id < 0 || id >= m.src_vocab_size)
+          throw Error("encoder.input_ids: token ids outside the vocabulary [0, " + std::to_string(m.src_vocab_size) + ")");
+        ids[b * width + i] = id;
+        mask[b * width + i] = real;
+      }
+    auto enc = run(encoder, "encoder", enc_in, enc_feeds, enc_out);
+    feeds.clear();
+    for (size_t i = 0; i < dec_in.size(); ++i) feeds.emplace_back(nullptr);
+    feeds[mask_slot] = std::move(enc_feeds[1 - enc_ids]);
+    for (const auto& [in, out] : cross_slots) feeds[in] = std::move(enc[out]);
+    for (const auto& [in, out] : self_slots) {  // zero-length past: the first step
+      const bool key = std::strstr(dec_in[in], "_key_") != nullptr;
+      feeds[in] = tensor({rows, m.n_heads, 0, key ? m.head_dim_k : m.head_dim_v}, float_type);
+    }
+    past_len = 0;
+  }
+
+  float* step(const Ids& tokens) override {
+    if (past_len + 1 > m.max_positions)
+      throw Error("decoder: " + std::to_string(past_len + 1) + " target positions, the model has " +
+                  std::to_string(m.max_positions) + " (max_positions)");
+    feeds[ids_slot] = tensor({rows, 1}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+    std::copy(tokens.begin(), tokens.end(), feeds[ids_slot].GetTensorMutableData<int64_t>());
+    auto out = run(decoder, "decoder", dec_in, feeds.data(), dec_out);
+    for (const auto& [in, present] : self_slots) feeds[in] = std::move(out[present]);  // present -> next past
+    logits = std::move(out[logits_out]);
+    ++past_len;
+    const auto info = logits.GetTensorTypeAndShapeInfo();
+    if (info.GetShape() != std::vector<int64_t>{rows, 1, m.tgt_vocab_size})
+      throw Error("decoder graph: logits shape does not match [batch, 1, tgt_vocab_size] of the manifest");
+    if (float_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return logits.GetTensorMutableData<float>();
+    const auto* half = logits.GetTensorData<Ort::Float16_t>();
+    logits_f32.resize(info.GetElementCount());
+    for (size_t i = 0; i < logits_f32.size(); ++i) logits_f32[i] = half[i].ToFloat();
+    return logits_f32.data();
+  }
+
+  void expand(const std::vector<int64_t>& keep) override {
+    for (size_t i = 0; i < feeds.size(); ++i)
+      if (i != ids_slot) feeds[i] = gather(feeds[i], keep);
+    rows = static_cast<int64_t>(keep.size());
+  }
+
+  void reorder(const std::vector<int64_t>& keep) override {
+    std::vector<int64_t> identity(keep.size());
+    std::iota(identity.begin(), identity.end(), 0);
+    if (keep == identity) return;
+    for (const auto& slot : self_slots) feeds[slot.first] = gather(feeds[slot.first], keep);
+  }
+
+  detail::Specials specials() const { return {m.bos_id, m.eos_id, m.pad_id}; }
+
+  void check_ids(const std::vector<Ids>& sources) const {
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const std::string sentence = "sentence " + std::to_string(i + 1);
+      const Ids& ids = sources[i];
+      if (ids.empty()) throw Error(sentence + " is empty");
+      if (static_cast<int64_t>(ids.size()) > m.max_positions)
+        throw Error(sentence + " has " + std::to_string(ids.size()) + " tokens, the model takes at most " +
+                    std::to_string(m.max_positions) + " (max_positions); split it into shorter sentences");
+      std::string bad;
+      int count = 0;
+      for (int64_t t : ids)
+        if ((t < 0 || t >= m.src_vocab_size) && count++ < 5) bad += (bad.empty() ? "" : ", ") + std::to_string(t);
+      if (count)
+        throw Error(sentence + " has token ids outside the vocabulary [0, " + std::to_string(m.src_vocab_size) +
+                    "): [" + bad + "]");
+    }
+  }
+
+  std::vector<Ids> encode_all(const std::vector<std::string>& texts) const {
+    if (!has_tokenizer)
+      throw Error("this model has no tokenizer.model: text translation needs one (token-id APIs work without)");
+    std::vector<Ids> out;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      if (blank(texts[i])) throw Error("sentence " + std::to_string(i + 1) + " is empty");
+      out.push_back(encode(texts[i]));
+    }
+    return out;
+  }
+
+  Ids encode(const std::string& text) const {
+    if (!has_tokenizer) throw Error("this model has no tokenizer.model");
+    if (blank(text)) throw Error("empty input sentence");
+    std::vector<int> pieces;
+    if (auto status = sp.Encode(text, &pieces); !status.ok()) throw Error("tokenizer: " + status.ToString());
+    Ids ids(pieces.begin(), pieces.end());
+    ids.push_back(sp.eos_id());
+    return ids;
+  }
+
+  std::string decode(const Ids& ids) const {
+    if (!has_tokenizer) throw Error("this model has no tokenizer.model");
+    const int specials[] = {sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()};
+    std::vector<int> pieces;
+    for (int64_t id : ids) {
+      if (id < 0 || id >= sp.GetPieceSize())
+        throw Error("token id " + std::to_string(id) + " is outside the tokenizer's " +
+                    std::to_string(sp.GetPieceSize()) + " pieces");
+      if (std::find(std::begin(specials), std::end(specials), id) == std::end(specials))
+        pieces.push_back(static_cast<int>(id));
+    }
+    std::string text;
+    if (auto status = sp.Decode(pieces, &text); !status.ok()) throw Error("tokenizer: " + status.ToString());
+    return text;
+  }
+};
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+Model Model::load(const fs::path& dir, const Options& options) {
+  init_ort();
+  return ort_errors(dir.string(), [&] { return Model(Impl::load(dir, options)); });
+}
+
+std::unique_ptr<Model::Impl> Model::Impl::load(const fs::path& dir, const Options& options) {
+  auto impl = std::make_unique<Impl>();
+  Impl& x = *impl;
+  x.m = Manifest::read(dir);
+  const Manifest& m = x.m;
+  if (m.dtype == "float16") x.float_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  else if (m.dtype != "float32") throw Error((dir / "manifest.json").string() + ": unsupported dtype " + m.dtype);
+
+  x.enc_in = c_strs(m.encoder.inputs), x.enc_out = c_strs(m.encoder.outputs);
+  x.dec_in = c_strs(m.decoder.inputs), x.dec_out = c_strs(m.decoder.outputs);
+  if (m.encoder.inputs.size() != 2) throw Error("encoder graph: expected inputs input_ids and attention_mask");
+  x.enc_ids = index_of(m.encoder.inputs, "input_ids", "encoder");
+  index_of(m.encoder.inputs, "attention_mask", "encoder");
+  x.ids_slot = index_of(m.decoder.inputs, "input_ids", "decoder");
+  x.mask_slot = index_of(m.decoder.inputs, "encoder_attention_mask", "decoder");
+  x.logits_out = index_of(m.decoder.outputs, "logits", "decoder");
+  for (size_t i = 0; i < m.decoder.inputs.size(); ++i) {
+    const std::string& name = m.decoder.inputs[i];
+    if (i == x.ids_slot || i == x.mask_slot) continue;
+    const std::string present = "present_" + name.substr(name.rfind("past_", 0) == 0 ? 5 : 0);
+    if (name.rfind("past_", 0) == 0 && name.find("_self_") != std::string::npos)
+      x.self_slots.emplace_back(i, index_of(m.decoder.outputs, present, "decoder"));
+    else if (name.rfind("past_", 0) == 0 && name.find("_cross_") != std::string::npos)
+      x.cross_slots.emplace_back(i, index_of(m.encoder.outputs, present, "encoder"));
+    else
+      throw Error("decoder graph: unexpected input " + name);
+  }
+
+  x.encoder = x.open(options, m.encoder.file);
+  x.decoder = x.open(options, m.decoder.file);
+  const fs::path tokenizer = m.dir / m.tokenizer;
+  if (!m.tokenizer.empty() && fs::is_regular_file(tokenizer)) {
+    if (auto status = x.sp.Load(tokenizer.string()); !status.ok())
+      throw Error(tokenizer.string() + ": not a SentencePiece model (" + status.ToString() + ")");
+    x.has_tokenizer = true;
+  }
+  return impl;
+}
+
+const Manifest& Model::manifest() const { return impl_->m; }
+
+std::vector<Ids> Model::greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos) {
+  return ort_errors("greedy", [&] {
+    return detail::greedy(*impl_, sources, impl_->specials(), max_new_tokens, suppress_eos);
+  });
+}
+
+std::vector<std::vector<Hypothesis>> Model::beam_search(const std::vector<Ids>& sources, int beam_size,
+                                                        double length_penalty, int n_best, int max_new_tokens,
+                                                        bool suppress_eos) {
+  return ort_errors("beam search", [&] {
+    return detail::beam_search(*impl_, sources, impl_->specials(), beam_size, length_penalty, n_best,
+                               max_new_tokens, suppress_eos);
+  });
+}
+
+std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& sources, const DecodeOptions& o) {
+  if (o.beam_size < 1) throw Error("beam size must be at least 1, got " + std::to_string(o.beam_size));
+  if (o.batch_size < 1) throw Error("batch size must be at least 1, got " + std::to_string(o.batch_size));
+  if (o.max_new_tokens < 0) throw Error("max_new_tokens must be 0 (automatic) or more");
+  impl_->check_ids(sources);
+  std::vector<size_t> order(sources.size());  // similar lengths share a batch
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sources[a].size() < sources[b].size(); });
+  std::vector<std::vector<Hypothesis>> results(sources.size());
+  for (size_t start = 0; start < order.size(); start += o.batch_size) {
+    const size_t end = std::min(order.size(), start + o.batch_size);
+    std::vector<Ids> batch;
+    size_t longest = 0;
+    for (size_t i = start; i < end; ++i) batch.push_back(sources[order[i]]), longest = std::max(longest, batch.back().size());
+    const int max_new = o.max_new_tokens ? o.max_new_tokens
+                                         : static_cast<int>(std::min<int64_t>(impl_->m.max_positions, 2 * longest + 16));
+    std::vector<std::vector<Hypothesis>> outs;
+    if (o.beam_size > 1) {
+      outs = beam_search(batch, o.beam_size, o.length_penalty, o.n_best, max_new, o.suppress_eos);
+    } else {
+      for (auto& tokens : greedy(batch, max_new, o.suppress_eos)) outs.push_back({{std::move(tokens), 0.0}});
+    }
+    for (size_t i = start; i < end; ++i) results[order[i]] = std::move(outs[i - start]);
+  }
+  return results;
+}
+
+std::vector<Ids> Model::translate_ids(const std::vector<Ids>& sources, const DecodeOptions& options) {
+  std::vector<Ids> out;
+  for (auto& hyps : decode_ids(sources, options)) out.push_back(hyps.empty() ? Ids{} : std::move(hyps[0].tokens));
+  return out;
+}
+
+Ids Model::encode(const std::string& text) const { return impl_->encode(text); }
+std::vector<Ids> Model::encode(const std::vector<std::string>& texts) const { return impl_->encode_all(texts); }
+std::string Model::decode(const Ids& ids) const { return impl_->decode(ids); }
+
+std::vector<std::string> Model::translate(const std::vector<std::string>& texts, const DecodeOptions& options) {
+  std::vector<std::string> out;
+  for (const auto& ids : translate_ids(encode(texts), options)) out.push_back(decode(ids));
+  return out;
+}
+
+}  // namespace twostep

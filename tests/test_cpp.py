@@ -1,0 +1,149 @@
+"""The C++ embedding (cpp/): build it with CMake, then hold its example to the Python runtime's outputs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.translator import open_translator
+
+CPP = Path(__file__).resolve().parents[1] / "cpp"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def cpp_build(tmp_path_factory) -> Path:
+    """cpp/fetch_deps.sh, then CMake into a fresh build directory; the build log on failure."""
+    missing = [tool for tool in ("cmake", "ctest", "make", "g++") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"building the C++ embedding needs {', '.join(missing)} (apt-get install cmake g++ make)")
+    build = tmp_path_factory.mktemp("cpp-build")
+    env = {**os.environ, "PYTHON": sys.executable}
+    steps = [
+        ["bash", str(CPP / "fetch_deps.sh")],
+        ["cmake", "-S", str(CPP), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"],
+        ["cmake", "--build", str(build), "-j", "2"],
+    ]
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            pytest.fail(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
+                        f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}", pytrace=False)
+    return build
+
+
+def translate(build: Path, art: Path, lines: list[str], *args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(build / "twostep-translate"), str(art), *map(str, args)], input="".join(
+        line + "\n" for line in lines), capture_output=True, text=True, timeout=900)
+
+
+def ids_lines(sequences) -> list[str]:
+    return [" ".join(map(str, ids)) for ids in sequences]
+
+
+def assert_same(what: str, python: list, cpp: list) -> None:
+    assert len(cpp) == len(python), f"{what}: C++ printed {len(cpp)} lines for {len(python)} inputs"
+    bad = [i for i, (p, c) in enumerate(zip(python, cpp)) if p != c]
+    shown = "\n".join(f"  #{i}: python {python[i]!r}\n       c++    {cpp[i]!r}" for i in bad[:5])
+    assert not bad, f"{what}: {len(bad)} of {len(python)} differ; first ones:\n{shown}"
+
+
+@pytest.fixture(scope="session")
+def test_sentences() -> list[str]:
+    from twostep.model.tasks import get_task
+
+    return [source for source, _ in get_task("numbers-en-de").split("test")]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cpp_matches_python_runtime(cpp_build, demo_artifact, test_sentences, beam):
+    translator, backend = open_translator(demo_artifact, "ort-cpu", options=DecodeOptions(beam_size=beam))
+    with backend:
+        py_text = translator.translate(test_sentences)
+        sources = translator.encode(test_sentences)
+        py_ids = translator.translate_ids(sources)
+
+    text = translate(cpp_build, demo_artifact, test_sentences, "--beam", beam)
+    assert text.returncode == 0, text.stderr
+    assert_same(f"beam {beam} text", py_text, text.stdout.splitlines())
+
+    ids = translate(cpp_build, demo_artifact, ids_lines(sources), "--beam", beam, "--ids")
+    assert ids.returncode == 0, ids.stderr
+    assert_same(f"beam {beam} ids", ids_lines(py_ids), ids.stdout.splitlines())
+
+
+def test_cpp_n_best_matches_python(cpp_build, demo_artifact, test_sentences):
+    options = DecodeOptions(beam_size=4, n_best=3, length_penalty=0.6)
+    translator, backend = open_translator(demo_artifact, "ort-cpu", options=options)
+    sources = translator.encode(test_sentences[:200])
+    with backend:
+        python = translator.decode_ids(sources)
+    proc = translate(cpp_build, demo_artifact, ids_lines(sources), "--ids", "--scores", "--beam", 4, "--n-best", 3,
+                     "--length-penalty", 0.6)
+    assert proc.returncode == 0, proc.stderr
+    cpp = [[(h.split(" ", 1) + [""])[:2] for h in line.split("\t")] for line in proc.stdout.splitlines()]
+    assert_same("n-best ids", [[" ".join(map(str, h.tokens)) for h in hyps] for hyps in python],
+                [[h[1] for h in hyps] for hyps in cpp])
+    # numpy's exp/log may round differently from libm in the last bit; the scores agree to float64 noise
+    for hyps, line in zip(python, cpp):
+        assert [float(h[0]) for h in line] == pytest.approx([h.score for h in hyps], rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("beam, n_best, suppress_eos, max_new_tokens", [
+    (1, 1, False, 0), (1, 1, True, 12), (4, 4, False, 0), (4, 2, True, 12), (3, 1, False, 5),
+])
+def test_cpp_matches_python_on_random_model(cpp_build, tiny_artifact, beam, n_best, suppress_eos, max_new_tokens):
+    """A random model (near-ties everywhere), sentences of many lengths in two batches, and the max_new_tokens
+    fallback of beam search: the same hypotheses in the same order, and the same scores."""
+    art, _ = tiny_artifact
+    rng = np.random.default_rng(beam * 10 + n_best)
+    sources = [rng.integers(4, 50, int(n)).tolist() + [3] for n in rng.integers(0, 20, 40)]
+    options = DecodeOptions(beam_size=beam, n_best=n_best, suppress_eos=suppress_eos, max_new_tokens=max_new_tokens or None)
+    translator, backend = open_translator(art, "ort-cpu", options=options)
+    with backend:
+        python = translator.decode_ids(sources)
+    args = ["--ids", "--scores", "--beam", beam, "--n-best", n_best, "--max-new-tokens", max_new_tokens]
+    proc = translate(cpp_build, art, ids_lines(sources), *args, *(["--suppress-eos"] if suppress_eos else []))
+    assert proc.returncode == 0, proc.stderr
+    cpp = [[(h.split(" ", 1) + [""])[:2] for h in line.split("\t")] for line in proc.stdout.splitlines()]
+    assert_same("ids", [[" ".join(map(str, h.tokens)) for h in hyps] for hyps in python],
+                [[h[1] for h in hyps] for hyps in cpp])
+    for hyps, line in zip(python, cpp):
+        assert [float(h[0]) for h in line] == pytest.approx([h.score for h in hyps], rel=1e-12, abs=1e-12)
+
+
+def test_cpp_rejects_tampered_artifact(cpp_build, demo_artifact, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(demo_artifact, art)
+    data = bytearray((art / "decoder.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (art / "decoder.onnx").write_bytes(bytes(data))
+    proc = translate(cpp_build, art, ["three hundred and forty-two"])
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert f"{art / 'decoder.onnx'}: sha256 does not match manifest.json" in proc.stderr
+
+
+@pytest.mark.parametrize("line, message", [
+    ("7 999 3", "sentence 1 has token ids outside the vocabulary [0, 256): [999]"),
+    (" ".join(["7"] * 200), "sentence 1 has 200 tokens, the model takes at most 128 (max_positions)"),
+    ("7 x 3", "line 1: 'x' is not a token id"),
+])
+def test_cpp_input_errors(cpp_build, demo_artifact, line, message):
+    proc = translate(cpp_build, demo_artifact, [line], "--ids")
+    assert proc.returncode == 1
+    assert message in proc.stderr
+
+
+def test_cpp_unit_tests(cpp_build):
+    proc = subprocess.run(["ctest", "--output-on-failure"], cwd=cpp_build, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "100% tests passed" in proc.stdout
