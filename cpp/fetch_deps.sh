@@ -11,6 +11,7 @@
 # that release: re-run this script after upgrading onnxruntime. Environment:
 #   PYTHON            the Python whose onnxruntime wheel provides the library (default: ../.venv/bin/python)
 #   ORT_DEB_SUITE     Debian suite for the headers (default trixie), ORT_DEB_VERSION (default: that suite's)
+#   DEBIAN_MIRROR     the archive to fetch them from (default: the machine's own Debian mirror)
 #   SKIP_APT_INSTALL  set to 1 to not apt-get install the system packages (then they must be present)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -33,8 +34,12 @@ fi
 # 2. ONNX Runtime headers from Debian's libonnxruntime-dev, through a private sources list and state dir.
 if [ ! -f "$OUT/include/onnxruntime_cxx_api.h" ]; then
   mkdir -p "$WORK/lists/partial" "$WORK/cache/archives/partial" "$WORK/deb"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $SUITE main" \
-    > "$WORK/sources.list"
+  # The same Debian mirror the machine already uses (its first main archive URI), asked for another suite.
+  mirror="${DEBIAN_MIRROR:-$(apt-get indextargets --format '$(REPO_URI)' 'Created-By: Packages' 2>/dev/null \
+    | grep -v -- '-security' | head -1)}"
+  mirror="${mirror%/}"
+  [ -n "$mirror" ] || { echo "fetch_deps: no Debian mirror in the apt sources; set DEBIAN_MIRROR" >&2; exit 1; }
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $SUITE main" > "$WORK/sources.list"
   APT=(-o Dir::Etc::SourceList="$WORK/sources.list" -o Dir::Etc::SourceParts=/dev/null
        -o Dir::State::Lists="$WORK/lists" -o Dir::Cache="$WORK/cache" -o Dir::State::Status=/dev/null
        -o APT::Sandbox::User=root -o Debug::NoLocking=1)
