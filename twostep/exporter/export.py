@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 import twostep
 from twostep.artifact import FORMAT, GRAPH_FILES, SCHEMA_VERSION, load_artifact, write_manifest
 from twostep.errors import BadInput, ParityFailure
+from twostep.files import atomic_directory
 from twostep.exporter.graphs import TRACE_SIZES, export_graph
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
 from twostep.exporter.spec import graph_specs
@@ -60,9 +60,7 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
     onnx_dtype, precision = DTYPES[dtype]
     specs = graph_specs(model.config, onnx_dtype)
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_directory(out_dir) as tmp:
         torch.manual_seed(0)
         quantization, fusions = None, {}
         for graph, spec in specs.items():
@@ -115,11 +113,4 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
         manifest["validation"] = {"tolerances": TOLERANCES[precision], "shape_grid": SHAPE_GRID,
                                   "cases": report.cases, "max_error": report.max_error}
         write_manifest(tmp, manifest)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.chmod(0o755)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ExportResult(out_dir, report, time.perf_counter() - started)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from twostep.errors import BadCheckpoint
+from twostep.files import atomic_directory
 from twostep.model.config import ModelConfig
 from twostep.model.transformer import Transformer
 
@@ -77,24 +77,14 @@ def save_checkpoint(
     info: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint atomically: a temporary directory renamed into place."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_directory(out_dir) as tmp:
         weights = {k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(model).items()}
         save_file(weights, str(tmp / WEIGHTS_FILE))
         meta = {"format": FORMAT, "version": VERSION, "task": task, "model": model.config.to_dict(), **(info or {})}
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if tokenizer is not None:
             shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.chmod(0o755)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+    return Path(out_dir)
 
 
 def read_config(path: Path) -> dict[str, Any]:
