@@ -63,3 +63,12 @@ def test_bad_decoding_options(tiny_model):
         decoding.sample(session, SOURCES, temperature=0.0, **COMMON)
     with pytest.raises(BadInput, match="empty"):
         decoding.greedy(session, [[]], **COMMON)
+
+
+def test_top_candidates_is_a_stable_argsort_prefix():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        row = rng.integers(-5, 5, 400).astype(np.float64)  # many ties
+        row[rng.integers(0, 400, 30)] = -np.inf
+        n = int(rng.integers(1, 20))
+        np.testing.assert_array_equal(decoding.top_candidates(row, n), np.argsort(-row, kind="stable")[:n])

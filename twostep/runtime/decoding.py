@@ -72,6 +72,15 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
+def top_candidates(scores: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the n best scores, best first, ties to the lower index: `argsort(-scores, stable)[:n]`
+    without sorting the whole row (a beam's row holds beam_size x vocab candidates)."""
+    n = min(n, scores.size)
+    threshold = scores[np.argpartition(-scores, n - 1)[:n]].min()
+    candidates = np.flatnonzero(scores >= threshold)  # every tie at the threshold, so the order is exact
+    return candidates[np.lexsort((candidates, -scores[candidates]))][:n]
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     tokens: list[int]
@@ -114,7 +123,7 @@ def beam_search(
             if done[b]:
                 continue
             kept = 0
-            for flat in np.argsort(-total[b], kind="stable")[: 2 * k]:
+            for flat in top_candidates(total[b], 2 * k):
                 beam, token, score = divmod(int(flat), vocab) + (float(total[b, flat]),)
                 if score == -np.inf:
                     break
