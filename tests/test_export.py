@@ -15,7 +15,7 @@ from twostep.exporter import validate
 from twostep.exporter.export import export
 from twostep.model.init import init_checkpoint
 from twostep.verify import verify
-from test_cli import assert_user_error, twostep
+from test_cli import twostep
 
 
 def test_manifest_describes_the_artifact(demo_artifact, demo_model_dir):

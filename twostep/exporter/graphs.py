@@ -77,7 +77,7 @@ def dynamic_shapes(spec: GraphSpec, graph: str) -> tuple:
     shapes = [axes(t.shape) for t in spec.inputs]
     if graph == "encoder":
         return tuple(shapes)
-    n_self = sum(1 for t in spec.inputs if "_self_" in t.name)
+    n_self = len(spec.past_self)
     return shapes[0], shapes[1], shapes[2 : 2 + n_self], shapes[2 + n_self :]
 
 

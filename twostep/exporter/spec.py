@@ -36,6 +36,19 @@ class TensorSpec:
     def from_dict(cls, data: dict[str, Any]) -> "TensorSpec":
         return cls(data["name"], data["dtype"], tuple(data["shape"]))
 
+    def concrete(self, **sizes: int) -> tuple[int, ...]:
+        """The shape with its symbolic axes filled in, e.g. an empty cache: concrete(batch=3, past_len=0)."""
+        return tuple(sizes[d] if isinstance(d, str) else d for d in self.shape)
+
+
+def present_name(past: str) -> str:
+    """The output that feeds an input at the next step: past_key_self_0 <- present_key_self_0."""
+    return "present_" + past[len("past_"):]
+
+
+def past_name(present: str) -> str:
+    return "past_" + present[len("present_"):]
+
 
 @dataclass(frozen=True)
 class GraphSpec:
@@ -58,6 +71,16 @@ class GraphSpec:
     @property
     def output_names(self) -> list[str]:
         return [t.name for t in self.outputs]
+
+    @property
+    def past_self(self) -> list[TensorSpec]:
+        """The decoder's self-attention cache inputs, key_0, value_0, key_1, ..."""
+        return [t for t in self.inputs if t.name.startswith("past_") and "_self_" in t.name]
+
+    @property
+    def past_cross(self) -> list[TensorSpec]:
+        """The decoder's cross-attention K/V inputs (the encoder's present_*_cross outputs)."""
+        return [t for t in self.inputs if t.name.startswith("past_") and "_cross_" in t.name]
 
 
 def kv_specs(prefix: str, n_layers: int, heads: int, dk: int, dv: int, length: Dim, dtype: str) -> list[TensorSpec]:

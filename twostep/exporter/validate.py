@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from twostep.exporter.spec import GraphSpec
+from twostep.exporter.spec import GraphSpec, past_name
 from twostep.runtime.backends.base import Backend
 
 # Batch 1 and 3; source lengths 1, 7 and 33 with padding; past 0, 1 and 17; new tokens 1 and 4.
@@ -98,13 +98,13 @@ def grid_feeds(reference: Backend, seed: int = 0):
         enc_feeds = {"input_ids": ids, "attention_mask": mask}
         yield f"b{batch}_s{src_len}", "encoder", enc_feeds
         cross = reference.run("encoder", enc_feeds)
-        cross_feeds = {"past_" + k[len("present_"):]: v for k, v in cross.items()}
+        cross_feeds = {past_name(k): v for k, v in cross.items()}
         for past_len, new_len in itertools.product(SHAPE_GRID["past_len"], SHAPE_GRID["new_len"]):
             if past_len:
                 prefix = rng.integers(min(4, c.tgt_vocab_size - 1), c.tgt_vocab_size, (batch, past_len), dtype=np.int64)
                 out = reference.run("decoder", {"input_ids": prefix, "encoder_attention_mask": mask,
                                                 **cross_feeds, **empty_past(reference, batch)})
-                self_feeds = {"past_" + k[len("present_"):]: v for k, v in out.items() if k != "logits"}
+                self_feeds = {past_name(k): v for k, v in out.items() if k != "logits"}
             else:
                 self_feeds = empty_past(reference, batch)
             new = rng.integers(min(4, c.tgt_vocab_size - 1), c.tgt_vocab_size, (batch, new_len), dtype=np.int64)
@@ -113,11 +113,9 @@ def grid_feeds(reference: Backend, seed: int = 0):
 
 
 def empty_past(backend: Backend, batch: int) -> dict[str, np.ndarray]:
-    c = backend.config
-    return {
-        t.name: np.zeros((batch, c.n_heads, 0, c.head_dim_k if "_key_" in t.name else c.head_dim_v), np.float32)
-        for t in backend.graphs["decoder"].inputs if t.name.startswith("past_") and "_self_" in t.name
-    }
+    """Zero-length fp32 self-attention caches (the reference runs fp32; compare_graphs casts for fp16)."""
+    return {t.name: np.zeros(t.concrete(batch=batch, past_len=0), np.float32)
+            for t in backend.graphs["decoder"].past_self}
 
 
 def compare_graphs(candidate: Backend, reference: Backend, precision: str = "fp32") -> ParityReport:

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from twostep.errors import BadInput
-from twostep.exporter.spec import GraphSpec
+from twostep.exporter.spec import GraphSpec, present_name
 from twostep.model.config import ModelConfig
 
 Feeds = dict[str, np.ndarray]
@@ -69,9 +69,7 @@ class Backend(ABC):
                     raise BadInput(f"{graph}.{t.name}: axis {axis} is {size}, expected {dim}")
                 if isinstance(dim, str) and sizes.setdefault(dim, size) != size:
                     raise BadInput(f"{graph}.{t.name}: axis {axis} ({dim}) is {size}, other inputs say {sizes[dim]}")
-        if sizes.get("past_len", 0) + sizes.get("new_len", 0) > self.config.max_positions:
-            raise BadInput(f"{graph}: {sizes['past_len'] + sizes['new_len']} target positions, the model has "
-                           f"{self.config.max_positions} (max_positions)")
+        check_positions(self.config, sizes.get("past_len", 0) + sizes.get("new_len", 0))
         if sizes.get("src_len", 0) > self.config.max_positions:
             raise BadInput(f"{graph}: source of {sizes['src_len']} tokens, the model takes at most "
                            f"{self.config.max_positions} (max_positions)")
@@ -98,28 +96,32 @@ class HostSession:
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        dec = backend.graphs["decoder"]
-        self.self_names = [t.name for t in dec.inputs if t.name.startswith("past_") and "_self_" in t.name]
-        self.cross_names = [t.name for t in dec.inputs if "_cross_" in t.name]
-        self.present_names = ["present_" + n[len("past_"):] for n in self.self_names]
-        self.dtype = NUMPY_DTYPES[dec.outputs[0].dtype]
+        self.decoder = backend.graphs["decoder"]
         self.state: Feeds = {}
+        self.position = 0
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
         enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
-        c, b = self.backend.config, input_ids.shape[0]
         state = {"encoder_attention_mask": attention_mask}
-        state.update({name: enc["present_" + name[len("past_"):]] for name in self.cross_names})
-        for name in self.self_names:
-            head_dim = c.head_dim_k if "_key_" in name else c.head_dim_v
-            state[name] = np.zeros((b, c.n_heads, 0, head_dim), dtype=self.dtype)
-        self.state = state
+        state.update({t.name: enc[present_name(t.name)] for t in self.decoder.past_cross})
+        for t in self.decoder.past_self:
+            state[t.name] = np.zeros(t.concrete(batch=input_ids.shape[0], past_len=0), NUMPY_DTYPES[t.dtype])
+        self.state, self.position = state, 0
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
-        out = self.backend.run("decoder", {"input_ids": input_ids, **self.state})
-        for past, present in zip(self.self_names, self.present_names):
-            self.state[past] = out[present]
+        # The inputs were checked at start; from here on the session makes them itself, so the per-step
+        # check is only the one that can fail: running past the position table.
+        check_positions(self.backend.config, self.position + input_ids.shape[1])
+        out = self.backend._run("decoder", {"input_ids": input_ids, **self.state})
+        for t in self.decoder.past_self:
+            self.state[t.name] = out[present_name(t.name)]
+        self.position += input_ids.shape[1]
         return np.asarray(out["logits"][:, -1], dtype=np.float32)
 
     def reorder(self, origin: np.ndarray) -> None:
         self.state = {name: np.ascontiguousarray(array[origin]) for name, array in self.state.items()}
+
+
+def check_positions(config: ModelConfig, positions: int) -> None:
+    if positions > config.max_positions:
+        raise BadInput(f"decoding past max_positions {config.max_positions}: {positions} target positions")

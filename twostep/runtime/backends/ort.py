@@ -4,7 +4,6 @@ KV cache and cross K/V stay on the device between steps; only token ids and beam
 
 from __future__ import annotations
 
-import numpy as np
 
 from twostep.artifact import Artifact
 from twostep.errors import BackendUnavailable, BadArtifact

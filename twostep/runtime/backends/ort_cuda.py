@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from twostep.runtime.backends.base import NUMPY_DTYPES
+from twostep.exporter.spec import present_name
+from twostep.runtime.backends.base import NUMPY_DTYPES, check_positions
 from twostep.runtime.backends.ort import OrtBackend, import_ort
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
@@ -33,10 +34,8 @@ class IoBindingSession:
     def __init__(self, backend: OrtBackend, device_type: str = "cuda", device_id: int = 0):
         self.ort = import_ort()
         self.backend, self.device_type, self.device_id = backend, device_type, device_id
-        dec = backend.graphs["decoder"]
-        self.dtype = dec.outputs[0].dtype
-        self.self_names = [t.name for t in dec.inputs if t.name.startswith("past_") and "_self_" in t.name]
-        self.cross_names = [t.name for t in dec.inputs if "_cross_" in t.name]
+        self.decoder = backend.graphs["decoder"]
+        self.dtype = self.decoder.outputs[0].dtype
         self.gathers = {
             dtype: self.ort.InferenceSession(gather_model(dtype), providers=backend.provider_list())
             for dtype in {self.dtype, "int64"}
@@ -61,23 +60,19 @@ class IoBindingSession:
         self.backend.check_inputs("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
         mask = self.to_device(attention_mask)
         enc = self.run("encoder", {"input_ids": self.to_device(input_ids), "attention_mask": mask})
-        c, b = self.backend.config, input_ids.shape[0]
         self.state = {"encoder_attention_mask": mask}
-        self.state.update({name: enc["present_" + name[len("past_"):]] for name in self.cross_names})
-        for name in self.self_names:
-            head_dim = c.head_dim_k if "_key_" in name else c.head_dim_v
-            self.state[name] = self.ort.OrtValue.ortvalue_from_shape_and_type(
-                [b, c.n_heads, 0, head_dim], NUMPY_DTYPES[self.dtype], self.device_type, self.device_id)
+        self.state.update({t.name: enc[present_name(t.name)] for t in self.decoder.past_cross})
+        for t in self.decoder.past_self:
+            self.state[t.name] = self.ort.OrtValue.ortvalue_from_shape_and_type(
+                list(t.concrete(batch=input_ids.shape[0], past_len=0)), NUMPY_DTYPES[t.dtype], self.device_type,
+                self.device_id)
         self.position = 0
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
-        if self.position + input_ids.shape[1] > self.backend.config.max_positions:
-            from twostep.errors import BadInput
-
-            raise BadInput(f"decoding past max_positions {self.backend.config.max_positions}")
+        check_positions(self.backend.config, self.position + input_ids.shape[1])
         out = self.run("decoder", {"input_ids": self.to_device(input_ids), **self.state})
-        for past in self.self_names:
-            self.state[past] = out["present_" + past[len("past_"):]]
+        for t in self.decoder.past_self:
+            self.state[t.name] = out[present_name(t.name)]
         self.position += input_ids.shape[1]
         return np.asarray(out["logits"].numpy()[:, -1], dtype=np.float32)
 

@@ -37,8 +37,8 @@ class TorchBackend(Backend):
         if graph == "encoder":
             outputs = self.wrappers["encoder"](t["input_ids"], t["attention_mask"])
         else:
-            past = [t[n] for n in spec.input_names if n.startswith("past_") and "_self_" in n]
-            cross = [t[n] for n in spec.input_names if "_cross_" in n]
+            past = [t[s.name] for s in spec.past_self]
+            cross = [t[s.name] for s in spec.past_cross]
             logits, present = self.wrappers["decoder"](t["input_ids"], t["encoder_attention_mask"], past, cross)
             outputs = [logits, *present]
         return {name: out.float().cpu().numpy() for name, out in zip(spec.output_names, outputs)}

@@ -21,6 +21,7 @@ import numpy as np
 
 from twostep.artifact import Artifact
 from twostep.errors import BackendUnavailable, BadArtifact, BadInput
+from twostep.exporter.spec import present_name
 from twostep.runtime.backends.base import Backend, Feeds
 
 INSTALL = "pip install 'twostep[trt]' (TensorRT 10 or 11 wheels) on a machine with an NVIDIA GPU and CUDA"
@@ -202,9 +203,7 @@ class TrtSession:
 
     def __init__(self, backend: TrtBackend):
         self.backend, self.torch = backend, backend.torch
-        dec = backend.graphs["decoder"]
-        self.self_names = [t.name for t in dec.inputs if t.name.startswith("past_") and "_self_" in t.name]
-        self.cross_names = [t.name for t in dec.inputs if "_cross_" in t.name]
+        self.decoder = backend.graphs["decoder"]
         self.state: dict = {}
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
@@ -218,13 +217,11 @@ class TrtSession:
         with t.cuda.stream(b.stream):
             mask = t.from_numpy(attention_mask).to("cuda")
             enc = b.execute("encoder", {"input_ids": t.from_numpy(input_ids).to("cuda"), "attention_mask": mask})
-            c = b.config
-            dtype = b.torch_dtype("decoder", self.self_names[0])
             self.state = {"encoder_attention_mask": mask}
-            self.state.update({n: enc["present_" + n[len("past_"):]] for n in self.cross_names})
-            for n in self.self_names:
-                head_dim = c.head_dim_k if "_key_" in n else c.head_dim_v
-                self.state[n] = t.empty((input_ids.shape[0], c.n_heads, 0, head_dim), dtype=dtype, device="cuda")
+            self.state.update({s.name: enc[present_name(s.name)] for s in self.decoder.past_cross})
+            for s in self.decoder.past_self:
+                self.state[s.name] = t.empty(s.concrete(batch=input_ids.shape[0], past_len=0),
+                                             dtype=b.torch_dtype("decoder", s.name), device="cuda")
         self.position = 0
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
@@ -234,8 +231,8 @@ class TrtSession:
                            "rebuild with twostep build-engine --max-new-tokens")
         with t.cuda.stream(b.stream):
             out = b.execute("decoder", {"input_ids": t.from_numpy(input_ids).to("cuda"), **self.state})
-            for n in self.self_names:
-                self.state[n] = out["present_" + n[len("past_"):]]
+            for s in self.decoder.past_self:
+                self.state[s.name] = out[present_name(s.name)]
             logits = out["logits"][:, -1].float().cpu()
         self.position += input_ids.shape[1]
         return logits.numpy()
