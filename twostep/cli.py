@@ -54,6 +54,7 @@ def train(
     seed: int = typer.Option(1),
     threads: int = typer.Option(2, min=1),
     resume: bool = typer.Option(False, help="Continue from OUT.train/ if an earlier run left it."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier checkpoint at --out, or start over from an earlier run's state."),
 ) -> None:
     """Train a model on a bundled task with the seeds' recipe (Noam, label smoothing, length batches)."""
     from twostep.model.train import TrainConfig, train as run_train
@@ -61,7 +62,7 @@ def train(
     cfg = TrainConfig(task=task, preset=preset, steps=steps, max_tokens=max_tokens, warmup=warmup,
                       lr_factor=lr_factor, vocab_size=vocab_size, eval_every=eval_every, seed=seed, threads=threads)
     command = "twostep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    scores = run_train(cfg, out_dir, resume=resume, command=command, log=out.print)
+    scores = run_train(cfg, out_dir, resume=resume, force=force, command=command, log=out.print)
     out.print(f"wrote {out_dir} (dev exact match {scores.exact_match:.1f}%)")
 
 
@@ -137,16 +138,17 @@ def translate(
 @app.command()
 def export(
     ckpt_dir: Path = typer.Argument(..., help="Checkpoint directory."),
-    out_dir: Path = typer.Option(..., "--out", help="Artifact directory to write (replaced atomically)."),
+    out_dir: Path = typer.Option(..., "--out", help="Artifact directory to write: new, empty, or (with --force) an earlier artifact."),
     opset: int = typer.Option(18, help="ONNX opset, 17..23."),
     dtype: str = typer.Option("fp32", help="fp32; fp16 (fragile ops kept fp32); int8 (dynamic quantization of the weight MatMuls)."),
     optimize: bool = typer.Option(False, help="ONNX Runtime transformer fusions (ONNX Runtime only, not TensorRT)."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier artifact at --out (never other files)."),
 ) -> None:
     """Export a checkpoint as encoder.onnx + decoder.onnx + manifest.json, validated against eager PyTorch."""
     from twostep.exporter.export import export as run_export
 
     with err.status("exporting") as status:
-        result = run_export(ckpt_dir, out_dir, opset=opset, dtype=dtype, optimize=optimize,
+        result = run_export(ckpt_dir, out_dir, opset=opset, dtype=dtype, optimize=optimize, force=force,
                             log=lambda m: status.update(m))
     worst = max(result.report.max_error.values(), default=0.0)
     out.print(f"wrote {result.path} in {result.seconds:.1f}s: {result.report.cases} shape cases validated, "
@@ -242,11 +244,11 @@ def bench(
                    "load s", "peak RSS MB", "vs first"):
         table.add_column(column, justify="left" if column in ("backend", "workload") else "right")
     first = {r.workload: r for r in results if r.backend == names[0] and r.error is None}
-    unavailable = {}
+    not_run = {}
     for r in results:
         if r.error:
-            unavailable[r.backend] = r.error
-            table.add_row(r.backend, r.workload.label, "unavailable", *[""] * 8)
+            not_run[r.backend] = r.error
+            table.add_row(r.backend, r.workload.label, "not run", *[""] * 8)
             continue
         base = first.get(r.workload)
         ratio = f"{r.tokens_per_s / base.tokens_per_s:.2f}x" if base else "-"
@@ -254,7 +256,7 @@ def bench(
                       f"{r.latency_ms['p50']:.1f}", f"{r.latency_ms['p95']:.1f}", f"{r.latency_ms['p99']:.1f}",
                       f"{r.encoder_ms:.1f}", f"{r.load_s:.2f}", f"{r.peak_rss_mb:,.0f}", ratio)
     out.print(table)
-    for name, reason in unavailable.items():
+    for name, reason in not_run.items():
         out.print(f"{name}: {reason}", markup=False, highlight=False)
 
 
@@ -310,11 +312,12 @@ def init_cmd(
     vocab: int = typer.Option(32000, min=8, help="Source and target vocab size."),
     tgt_vocab: Optional[int] = typer.Option(None, min=8, help="Target vocab size, when it differs."),
     seed: int = typer.Option(0),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier checkpoint at --out (never other files)."),
 ) -> None:
     """Write a checkpoint with random (xavier) weights, for benchmarks at real sizes without training."""
     from twostep.model.init import init_checkpoint
 
-    ckpt = init_checkpoint(out_dir, preset, vocab, tgt_vocab, seed)
+    ckpt = init_checkpoint(out_dir, preset, vocab, tgt_vocab, seed, force=force)
     out.print(f"wrote {out_dir}: preset {preset}, {ckpt.model.num_parameters():,} parameters")
 
 
@@ -329,13 +332,14 @@ def import_cmd(
     scale_emb_or_prj: str = typer.Option("prj", help="jadore: 'emb', 'prj' or 'none', as it was trained."),
     pad_id: int = typer.Option(0), unk_id: int = typer.Option(1), bos_id: int = typer.Option(2),
     eos_id: int = typer.Option(3),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier checkpoint at --out (never other files)."),
 ) -> None:
     """Import a foreign checkpoint (seed families, PyTorch's nn.Transformer tutorial) into a twostep checkpoint."""
     from twostep.model.importers import ImportOptions, import_state_dict_file
 
     options = ImportOptions(n_heads=n_heads, max_positions=max_positions, scale_emb_or_prj=scale_emb_or_prj,
                             pad_id=pad_id, unk_id=unk_id, bos_id=bos_id, eos_id=eos_id)
-    ckpt = import_state_dict_file(src, fmt, out_dir, options, tokenizer)
+    ckpt = import_state_dict_file(src, fmt, out_dir, options, tokenizer, force=force)
     c = ckpt.config
     out.print(f"wrote {out_dir}: {fmt}, {c.d_model}d, {c.n_encoder_layers}+{c.n_decoder_layers} layers, "
               f"{c.n_heads} heads, {ckpt.model.num_parameters():,} parameters")

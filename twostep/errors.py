@@ -23,3 +23,11 @@ class BackendUnavailable(TwostepError):
 
 class ParityFailure(TwostepError):
     """Exported graphs or a backend that do not match eager PyTorch."""
+
+
+class OutputError(TwostepError):
+    """An output path that cannot be written, or that holds something twostep must not replace."""
+
+
+class SessionBusy(TwostepError):
+    """A step session that is already decoding in another thread: a session decodes one batch at a time."""

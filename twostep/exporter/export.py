@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 import twostep
-from twostep.artifact import FORMAT, GRAPH_FILES, SCHEMA_VERSION, load_artifact, write_manifest
+from twostep.artifact import ARTIFACT, FORMAT, GRAPH_FILES, SCHEMA_VERSION, load_artifact, write_manifest
 from twostep.errors import BadInput, ParityFailure
-from twostep.files import atomic_directory
+from twostep.files import output_directory
 from twostep.exporter.graphs import TRACE_SIZES, export_graph
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
 from twostep.exporter.spec import graph_specs
@@ -48,8 +48,9 @@ def versions() -> dict[str, str]:
 
 
 def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str = "fp32", optimize: bool = False,
-           log=lambda message: None) -> ExportResult:
-    """`optimize`: apply ONNX Runtime's transformer fusions (ONNX Runtime only: TensorRT cannot parse them)."""
+           force: bool = False, log=lambda message: None) -> ExportResult:
+    """`optimize`: apply ONNX Runtime's transformer fusions (ONNX Runtime only: TensorRT cannot parse them).
+    `force`: replace an earlier artifact at `out_dir` (never anything else; see twostep.files)."""
     if dtype not in DTYPES:
         raise BadInput(f"--dtype {dtype!r} is not supported by this exporter; choose one of {', '.join(DTYPES)}")
     if not 17 <= opset <= 23:
@@ -60,7 +61,7 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
     onnx_dtype, precision = DTYPES[dtype]
     specs = graph_specs(model.config, onnx_dtype)
     out_dir = Path(out_dir)
-    with atomic_directory(out_dir) as tmp:
+    with output_directory(out_dir, ARTIFACT, force) as tmp:
         torch.manual_seed(0)
         quantization, fusions = None, {}
         for graph, spec in specs.items():

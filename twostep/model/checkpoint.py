@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from twostep.errors import BadCheckpoint
-from twostep.files import atomic_directory
+from twostep.files import OutputKind, output_directory
 from twostep.model.config import ModelConfig
 from twostep.model.transformer import Transformer
 
@@ -72,18 +72,46 @@ def load_weights(model: Transformer, tensors: dict[str, torch.Tensor], source: s
             t.copy_(tensors[name].to(t.dtype))
 
 
-def save_checkpoint(
+def owned_entries(path: Path) -> set[str] | None:
+    """The entries of a checkpoint directory that twostep wrote; None when it is not a twostep checkpoint."""
+    try:
+        meta = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return None
+    return {CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE}
+
+
+CHECKPOINT = OutputKind("checkpoint", CONFIG_FILE, owned_entries)
+
+
+def write_checkpoint(
     model: Transformer, out_dir: Path, tokenizer: Path | None = None, task: str | None = None,
     info: dict[str, Any] | None = None,
+) -> None:
+    """Write the checkpoint's files into the (new, empty) directory `out_dir`."""
+    weights = {k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(model).items()}
+    try:
+        save_file(weights, str(out_dir / WEIGHTS_FILE))
+    except SafetensorError as exc:  # safetensors reports the OS's write errors as its own
+        if "I/O error" not in str(exc):
+            raise
+        raise OSError(f"{WEIGHTS_FILE}: {exc}") from None  # reported by output_directory, naming the output
+    meta = {"format": FORMAT, "version": VERSION, "task": task, "model": model.config.to_dict(), **(info or {})}
+    (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, out_dir / TOKENIZER_FILE)
+
+
+def save_checkpoint(
+    model: Transformer, out_dir: Path, tokenizer: Path | None = None, task: str | None = None,
+    info: dict[str, Any] | None = None, force: bool = False,
 ) -> Path:
-    """Write the checkpoint atomically: a temporary directory renamed into place."""
-    with atomic_directory(out_dir) as tmp:
-        weights = {k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(model).items()}
-        save_file(weights, str(tmp / WEIGHTS_FILE))
-        meta = {"format": FORMAT, "version": VERSION, "task": task, "model": model.config.to_dict(), **(info or {})}
-        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        if tokenizer is not None:
-            shutil.copyfile(tokenizer, tmp / TOKENIZER_FILE)
+    """Write the checkpoint atomically (twostep.files.output_directory): an existing directory is replaced
+    only when it is a twostep checkpoint and `force` is given."""
+    with output_directory(out_dir, CHECKPOINT, force) as tmp:
+        write_checkpoint(model, tmp, tokenizer, task, info)
     return Path(out_dir)
 
 
@@ -96,8 +124,10 @@ def read_config(path: Path) -> dict[str, Any]:
         raise BadCheckpoint(f"{path}: missing {CONFIG_FILE}; is this a twostep checkpoint?")
     try:
         meta = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadCheckpoint(f"{config_file}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadCheckpoint(f"{config_file}: not valid JSON ({str(exc)[:200]})") from None
+    except OSError as exc:
+        raise BadCheckpoint(f"{config_file}: cannot read it ({exc.strerror})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise BadCheckpoint(f"{config_file}: not a twostep checkpoint config (format != {FORMAT!r})")
     if meta.get("version") != VERSION:

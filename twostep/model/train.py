@@ -6,6 +6,7 @@ resumable state.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import time
@@ -16,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from twostep.model.checkpoint import load_checkpoint, save_checkpoint
+from twostep.errors import OutputError
+from twostep.files import output_directory
+from twostep.model.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint, write_checkpoint
 from twostep.model.config import preset
 from twostep.model.evaluate import Scores, checkpoint_translator, evaluate
 from twostep.model.tasks import get_task
@@ -88,10 +91,45 @@ def noam(step: int, d_model: int, factor: float, warmup: int) -> float:
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def train(cfg: TrainConfig, out_dir: Path, resume: bool = False, command: str | None = None,
+STATE_ENTRIES = {"tokenizer.model", "model", "optimizer.pt", "state.json"}  # what OUT.train/ holds
+
+
+def prepare_state_dir(state_dir: Path, resume: bool, force: bool) -> None:
+    """OUT.train/ keeps the resumable state. Only twostep's own state is used or replaced there, and an
+    earlier run's state is neither resumed nor discarded unless the user says which."""
+    if state_dir.is_symlink() or (state_dir.exists() and not state_dir.is_dir()):
+        raise OutputError(f"{state_dir} is where training keeps its resumable state, and it is a file or a link; "
+                          "move it away or choose another --out")
+    if not state_dir.exists():
+        return
+    entries = os.listdir(state_dir)
+    strays = sorted(e for e in entries if e not in STATE_ENTRIES and not e.startswith(".model.twostep-"))
+    if strays:
+        raise OutputError(f"{state_dir} holds files twostep did not write ({', '.join(strays[:5])}); training "
+                          "keeps its resumable state there: move them out or choose another --out")
+    if entries and not resume:
+        if not force:
+            raise OutputError(f"{state_dir}: an earlier run left its resumable state there; pass --resume to "
+                              "continue it, or --force to start over")
+        shutil.rmtree(state_dir)
+
+
+def train(cfg: TrainConfig, out_dir: Path, resume: bool = False, force: bool = False, command: str | None = None,
           log=print) -> Scores:
+    """Train, then write the checkpoint at `out_dir` (replacing an earlier checkpoint only with `force`).
+    The output is checked and locked before training starts, so a wrong --out fails at once."""
     out_dir = Path(out_dir)
     state_dir = out_dir.with_name(out_dir.name + ".train")
+    with output_directory(out_dir, CHECKPOINT, force) as final:
+        prepare_state_dir(state_dir, resume, force)
+        model, scores, info = run_training(cfg, state_dir, resume, command, log)
+        write_checkpoint(model.eval(), final, tokenizer=state_dir / "tokenizer.model", task=cfg.task, info=info)
+    shutil.rmtree(state_dir)
+    return scores
+
+
+def run_training(cfg: TrainConfig, state_dir: Path, resume: bool, command: str | None,
+                 log) -> tuple[Transformer, Scores, dict]:
     torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -119,14 +157,15 @@ def train(cfg: TrainConfig, out_dir: Path, resume: bool = False, command: str | 
         log(f"resumed at step {step}")
 
     def save_state() -> None:
-        save_checkpoint(model, state_dir / "model", tokenizer=tok_path, task=cfg.task)
+        save_checkpoint(model, state_dir / "model", tokenizer=tok_path, task=cfg.task, force=True)
         torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
         state = {"step": step, "elapsed": elapsed, "rng": list(rng.getstate()[:2]), "config": asdict(cfg)}
         (state_dir / "state.json").write_text(json.dumps(state))
 
     def dev_scores() -> Scores:
         model.eval()
-        ckpt = load_checkpoint(save_checkpoint(model, state_dir / "model", tokenizer=tok_path, task=cfg.task))
+        ckpt = load_checkpoint(save_checkpoint(model, state_dir / "model", tokenizer=tok_path, task=cfg.task,
+                                               force=True))
         scores = evaluate(checkpoint_translator(ckpt), cfg.task, "dev", limit=cfg.eval_sentences)
         model.train()
         return scores
@@ -177,6 +216,4 @@ def train(cfg: TrainConfig, out_dir: Path, resume: bool = False, command: str | 
     elapsed = time.perf_counter() - started
     info = {"training": {"command": command, "config": asdict(cfg), "steps": step,
                          "train_seconds": round(elapsed, 1), "dev": scores.to_dict() if scores else None}}
-    save_checkpoint(model.eval(), out_dir, tokenizer=tok_path, task=cfg.task, info=info)
-    shutil.rmtree(state_dir, ignore_errors=True)
-    return scores
+    return model, scores, info

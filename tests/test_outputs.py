@@ -1,0 +1,180 @@
+"""Output directories: twostep never deletes or overwrites what it did not write, replaces its own earlier
+output only with --force and atomically, and reports every OS error as one line with nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import reference_models as ref
+from twostep.artifact import load_artifact
+from twostep.errors import BadArtifact
+from twostep.model.checkpoint import load_checkpoint
+from test_cli import assert_user_error, twostep
+
+
+def user_files(directory):
+    """A directory of someone's own work."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "notes.txt").write_text("my notes")
+    (directory / "data").mkdir(exist_ok=True)
+    (directory / "data" / "train.tsv").write_text("a\tb\n")
+    return {p.relative_to(directory): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def snapshot(directory):
+    return {p.relative_to(directory): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def leftovers(parent):
+    """Temporary, aside and lock entries that a finished run must not leave."""
+    return sorted(p.name for p in parent.iterdir() if ".twostep-" in p.name)
+
+
+@pytest.mark.parametrize("command", ["export", "init", "import", "train"])
+def test_a_directory_of_user_files_is_never_replaced(tmp_path, tiny_ckpt, command):
+    out = tmp_path / "work"
+    before = user_files(out)
+    if command == "import":
+        torch.save(ref.build_nn_transformer(1, 1, emb_size=16, nhead=2, src_vocab_size=20, tgt_vocab_size=20,
+                                            dim_feedforward=32).state_dict(), tmp_path / "tutorial.pt")
+    args = {
+        "export": ("export", tiny_ckpt, "--out", out),
+        "init": ("init", "--preset", "tiny", "--vocab", "50", "--out", out),
+        "import": ("import", tmp_path / "tutorial.pt", "--format", "nn-transformer", "--heads", "2", "--out", out),
+        "train": ("train", "--preset", "tiny", "--steps", "1", "--out", out),
+    }[command]
+    for force in ((), ("--force",)):
+        assert_user_error(twostep(*args, *force), f"{out} exists and is not a twostep")
+        assert snapshot(out) == before
+    assert leftovers(tmp_path) == [] and not (tmp_path / "work.train").exists()
+
+
+def test_export_to_the_current_directory_is_refused(tmp_path, tiny_ckpt):
+    before = user_files(tmp_path / "project")
+    result = subprocess.run([sys.executable, "-m", "twostep.cli", "export", str(tiny_ckpt), "--out", "."],
+                            cwd=tmp_path / "project", capture_output=True, text=True, timeout=300)
+    assert_user_error(result, "exists and is not a twostep artifact", "choose another --out")
+    assert snapshot(tmp_path / "project") == before
+
+
+def test_an_earlier_artifact_needs_force_and_is_replaced_whole(tmp_path, tiny_artifact):
+    _, ckpt = tiny_artifact
+    out = tmp_path / "art"
+    assert twostep("export", ckpt, "--out", out).returncode == 0
+    first = json.loads((out / "manifest.json").read_text())["exporter"]["created"]
+    assert_user_error(twostep("export", ckpt, "--out", out), "already holds a twostep artifact", "--force")
+    (out / "engines").mkdir()  # twostep's own engine cache goes with the artifact
+    result = twostep("export", ckpt, "--out", out, "--force")
+    assert result.returncode == 0, result.stderr
+    load_artifact(out)
+    assert not (out / "engines").exists()
+    assert json.loads((out / "manifest.json").read_text())["exporter"]["created"] >= first
+    assert leftovers(tmp_path) == []
+
+
+def test_an_artifact_holding_user_files_is_not_replaced_even_with_force(tmp_path, tiny_artifact):
+    art, ckpt = tiny_artifact
+    out = tmp_path / "art"
+    shutil.copytree(art, out)
+    (out / "my-results.csv").write_text("1,2\n")
+    before = snapshot(out)
+    assert_user_error(twostep("export", ckpt, "--out", out, "--force"), "also holds files twostep did not write",
+                      "my-results.csv")
+    assert snapshot(out) == before
+
+
+def test_a_checkpoint_is_replaced_only_with_force(tmp_path):
+    out = tmp_path / "ck"
+    assert twostep("init", "--preset", "tiny", "--vocab", "50", "--out", out).returncode == 0
+    assert_user_error(twostep("init", "--preset", "tiny", "--vocab", "60", "--out", out), "--force")
+    assert load_checkpoint(out).config.src_vocab_size == 50
+    assert twostep("init", "--preset", "tiny", "--vocab", "60", "--out", out, "--force").returncode == 0
+    assert load_checkpoint(out).config.src_vocab_size == 60
+
+
+def test_links_files_and_file_parents_are_refused(tmp_path, tiny_ckpt):
+    target = tmp_path / "elsewhere"
+    before = user_files(target)
+    (tmp_path / "link").symlink_to(target)
+    assert_user_error(twostep("export", tiny_ckpt, "--out", tmp_path / "link", "--force"), "is a symbolic link")
+    (tmp_path / "file").write_text("x")
+    assert_user_error(twostep("export", tiny_ckpt, "--out", tmp_path / "file"), "is not a directory")
+    assert_user_error(twostep("init", "--preset", "tiny", "--vocab", "50", "--out", tmp_path / "file" / "ck"),
+                      "is a file, not a directory")
+    assert snapshot(target) == before and (tmp_path / "file").read_text() == "x"
+
+
+def without_write_permission() -> list[str]:
+    """A command prefix under which permission bits hold, also for root (capabilities dropped)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv (util-linux): permission bits cannot be enforced")
+    return ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"]
+
+
+def test_an_unwritable_parent_is_one_line(tmp_path, tiny_ckpt):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        for args in (("export", tiny_ckpt, "--out", locked / "art"),
+                     ("init", "--preset", "tiny", "--vocab", "50", "--out", locked / "deep" / "ck")):
+            result = subprocess.run([*without_write_permission(), sys.executable, "-m", "twostep.cli", *map(str, args)],
+                                    capture_output=True, text=True, timeout=300)
+            assert_user_error(result, f"cannot write {locked}", "Permission denied")
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def limit_file_size():  # in the child: writes past 1 MB fail with EFBIG, as on a full disk
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+
+@pytest.mark.parametrize("command", ["export", "init"])
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, demo_model_dir, command):
+    out = tmp_path / "new" / "deeper" / "out"
+    args = {"export": ("export", demo_model_dir, "--out", out),
+            "init": ("init", "--preset", "tiny", "--vocab", "30000", "--out", out)}[command]
+    result = subprocess.run([sys.executable, "-m", "twostep.cli", *map(str, args)], preexec_fn=limit_file_size,
+                            capture_output=True, text=True, timeout=300)
+    assert_user_error(result, f"cannot write {out}", "File too large")
+    assert list(tmp_path.iterdir()) == []  # no temporary directory, not even the parents it created
+
+
+def test_train_refuses_user_files_in_its_state_directory_before_training(tmp_path):
+    state = tmp_path / "ck.train"
+    before = user_files(state)
+    assert_user_error(twostep("train", "--preset", "tiny", "--steps", "1", "--out", tmp_path / "ck"),
+                      "holds files twostep did not write", "notes.txt")
+    assert snapshot(state) == before and not (tmp_path / "ck").exists()
+
+
+def test_train_keeps_an_interrupted_run_unless_told(tmp_path):
+    state = tmp_path / "ck.train"
+    state.mkdir()
+    (state / "state.json").write_text("{}")
+    assert_user_error(twostep("train", "--preset", "tiny", "--steps", "1", "--out", tmp_path / "ck"),
+                      "--resume", "--force")
+    assert (state / "state.json").read_text() == "{}"
+
+
+def test_engines_directory_must_be_a_real_directory(tmp_path, tiny_artifact):
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifact[0], art)
+    (tmp_path / "elsewhere").mkdir()
+    (art / "engines").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(BadArtifact, match="found a link or a file"):
+        load_artifact(art).engine_dir("ort-trt")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
