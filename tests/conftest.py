@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ from twostep.model.config import preset
 from twostep.model.transformer import Transformer
 
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "twostep" / "demo" / "model"
+CPP = Path(__file__).resolve().parents[1] / "cpp"
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +61,30 @@ def demo_int8(tmp_path_factory, demo_model_dir) -> Path:
     from twostep.exporter.export import export
 
     return export(demo_model_dir, tmp_path_factory.mktemp("demo-int8") / "art", dtype="int8").path
+
+
+@pytest.fixture(scope="session")
+def cpp_build(tmp_path_factory) -> Path:
+    """cpp/fetch_deps.sh, then CMake into a fresh build directory; the build log on failure."""
+    missing = [tool for tool in ("cmake", "ctest", "make", "g++") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"building the C++ embedding needs {', '.join(missing)} (apt-get install cmake g++ make)")
+    build = tmp_path_factory.mktemp("cpp-build")
+    env = {**os.environ, "PYTHON": sys.executable}
+    steps = [
+        ["bash", str(CPP / "fetch_deps.sh")],
+        ["cmake", "-S", str(CPP), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"],
+        ["cmake", "--build", str(build), "-j", "2"],
+    ]
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            pytest.fail(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
+                        f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}", pytrace=False)
+    return build
+
+
+def translate_cpp(build: Path, art: Path, lines: list[str], *args) -> subprocess.CompletedProcess:
+    """cpp/'s example program: one sentence a line in, one translation a line out."""
+    return subprocess.run([str(build / "twostep-translate"), str(art), *map(str, args)], input="".join(
+        line + "\n" for line in lines), capture_output=True, text=True, timeout=900)

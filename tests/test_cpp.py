@@ -2,47 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.translator import open_translator
-
-CPP = Path(__file__).resolve().parents[1] / "cpp"
+from conftest import translate_cpp as translate
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def cpp_build(tmp_path_factory) -> Path:
-    """cpp/fetch_deps.sh, then CMake into a fresh build directory; the build log on failure."""
-    missing = [tool for tool in ("cmake", "ctest", "make", "g++") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"building the C++ embedding needs {', '.join(missing)} (apt-get install cmake g++ make)")
-    build = tmp_path_factory.mktemp("cpp-build")
-    env = {**os.environ, "PYTHON": sys.executable}
-    steps = [
-        ["bash", str(CPP / "fetch_deps.sh")],
-        ["cmake", "-S", str(CPP), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"],
-        ["cmake", "--build", str(build), "-j", "2"],
-    ]
-    for cmd in steps:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            pytest.fail(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
-                        f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}", pytrace=False)
-    return build
-
-
-def translate(build: Path, art: Path, lines: list[str], *args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(build / "twostep-translate"), str(art), *map(str, args)], input="".join(
-        line + "\n" for line in lines), capture_output=True, text=True, timeout=900)
 
 
 def ids_lines(sequences) -> list[str]:

@@ -1,5 +1,7 @@
 // manifest.json: the artifact's contract (twostep/artifact.py reads the same file the same way).
 #include <fstream>
+#include <functional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
@@ -25,6 +27,154 @@ Manifest::Graph read_graph(const json& graph) {
   return {graph.at("file").get<std::string>(), names(graph.at("inputs")), names(graph.at("outputs"))};
 }
 
+// A plain relative path inside the artifact (twostep/artifact.py's safe_name): no absolute path, no '..'.
+void check_name(const std::string& name, const std::string& where) {
+  bool bad = name.empty() || name.find('\\') != std::string::npos || name.find('\0') != std::string::npos ||
+             name.front() == '/';
+  for (size_t start = 0; !bad;) {
+    const size_t end = name.find('/', start);
+    const std::string part = name.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    bad = part.empty() || part == "." || part == "..";
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  if (bad)
+    throw Error(where + ": file name '" + name +
+                "' must be a plain relative path inside the artifact (no absolute path, no '..')");
+}
+
+// dir / name, refused when a symbolic link on the way leads outside dir.
+fs::path inside(const fs::path& dir, const std::string& name) {
+  const fs::path path = dir / name;
+  const fs::path root = fs::weakly_canonical(dir), resolved = fs::weakly_canonical(path);
+  if (std::mismatch(root.begin(), root.end(), resolved.begin(), resolved.end()).first != root.end())
+    throw Error(path.string() + ": leads outside the artifact directory (to " + resolved.string() +
+                "); artifacts must hold their files themselves");
+  return path;
+}
+
+// Protobuf's wire format, just enough of it to find the external-data locations of an ONNX model (field
+// numbers from onnx.proto) without reading tensor data: the raw bytes are skipped with seekg.
+class OnnxScanner {
+ public:
+  explicit OnnxScanner(const fs::path& file) : file_(file), in_(file, std::ios::binary) {
+    if (!in_) throw Error(file.string() + ": cannot read");
+    in_.seekg(0, std::ios::end);
+    size_ = static_cast<uint64_t>(in_.tellg());
+    in_.seekg(0);
+  }
+
+  std::set<std::string> locations() {
+    message(size_, 0, [&](int field, uint64_t end, int depth) {
+      if (field == 7) graph(end, depth);          // ModelProto.graph
+      else if (field == 25) function(end, depth);  // ModelProto.functions
+      else skip(end);
+    });
+    return found_;
+  }
+
+ private:
+  using Visit = std::function<void(int, uint64_t, int)>;  // (field of a length-delimited value, its end, depth)
+
+  [[noreturn]] void corrupt() const { throw Error(file_.string() + ": not a readable ONNX model (corrupt protobuf)"); }
+
+  uint64_t varint() {
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      const int byte = in_.get();
+      if (byte == EOF) corrupt();
+      value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if (!(byte & 0x80)) return value;
+    }
+    corrupt();
+  }
+  uint64_t pos() { return static_cast<uint64_t>(in_.tellg()); }
+  void skip(uint64_t end) { in_.seekg(static_cast<std::streamoff>(end)); }
+  std::string bytes(uint64_t end) {
+    std::string out(end - pos(), '\0');
+    if (!in_.read(out.data(), static_cast<std::streamsize>(out.size()))) corrupt();
+    return out;
+  }
+
+  // Walks the fields of a message ending at `end`: length-delimited ones go to `visit`, varints to `number`.
+  void message(uint64_t end, int depth, const Visit& visit, const std::function<void(int, uint64_t)>& number = {}) {
+    if (depth > 64) corrupt();
+    while (pos() < end) {
+      const uint64_t key = varint();
+      const int field = static_cast<int>(key >> 3);
+      switch (key & 7) {
+        case 0: { const uint64_t v = varint(); if (number) number(field, v); break; }
+        case 1: skip(pos() + 8); break;
+        case 5: skip(pos() + 4); break;
+        case 2: {
+          const uint64_t length = varint(), start = pos();
+          if (length > end - start) corrupt();
+          visit(field, start + length, depth + 1);
+          if (pos() != start + length) corrupt();
+          break;
+        }
+        default: corrupt();
+      }
+      if (pos() > end) corrupt();
+    }
+  }
+
+  void graph(uint64_t end, int depth) {
+    message(end, depth, [&](int field, uint64_t e, int d) {
+      if (field == 1) node(e, d);                 // GraphProto.node
+      else if (field == 5) tensor(e, d);          // .initializer
+      else if (field == 15) sparse(e, d);         // .sparse_initializer
+      else skip(e);
+    });
+  }
+  void function(uint64_t end, int depth) {
+    message(end, depth, [&](int field, uint64_t e, int d) { field == 7 ? node(e, d) : skip(e); });  // .node
+  }
+  void node(uint64_t end, int depth) {
+    message(end, depth, [&](int field, uint64_t e, int d) { field == 5 ? attribute(e, d) : skip(e); });
+  }
+  void attribute(uint64_t end, int depth) {
+    message(end, depth, [&](int field, uint64_t e, int d) {
+      if (field == 5 || field == 10) tensor(e, d);        // AttributeProto.t, .tensors
+      else if (field == 6 || field == 11) graph(e, d);    // .g, .graphs
+      else if (field == 22 || field == 23) sparse(e, d);  // .sparse_tensor, .sparse_tensors
+      else skip(e);
+    });
+  }
+  void sparse(uint64_t end, int depth) {
+    message(end, depth, [&](int field, uint64_t e, int d) { field == 1 || field == 2 ? tensor(e, d) : skip(e); });
+  }
+  void tensor(uint64_t end, int depth) {
+    std::string name, location;
+    bool external = false;
+    message(end, depth, [&](int field, uint64_t e, int d) {
+      if (field == 8) {
+        name = bytes(e);  // TensorProto.name
+      } else if (field == 13) {  // .external_data: StringStringEntryProto {key = 1, value = 2}
+        external = true;
+        std::string key, value;
+        message(e, d, [&](int f, uint64_t e2, int) {
+          if (f == 1) key = bytes(e2);
+          else if (f == 2) value = bytes(e2);
+          else skip(e2);
+        });
+        if (key == "location") location = value;
+      } else {
+        skip(e);
+      }
+    }, [&](int field, uint64_t value) { external |= field == 14 && value == 1; });  // .data_location EXTERNAL
+    if (!external) return;
+    if (location.empty())
+      throw Error(file_.string() + ": tensor '" + name + "' has external data without a location");
+    found_.insert(location);
+  }
+
+  fs::path file_;
+  std::ifstream in_;
+  uint64_t size_ = 0;
+  std::set<std::string> found_;
+};
+
 // [batch, heads, len, head_dim] of one decoder input.
 const json& kv_shape(const json& decoder, const std::string& name, const std::string& where) {
   for (const auto& t : decoder.at("inputs"))
@@ -32,6 +182,22 @@ const json& kv_shape(const json& decoder, const std::string& name, const std::st
   throw Error(where + ": malformed manifest (the decoder has no input " + name + ")");
 }
 }  // namespace
+
+std::set<std::string> external_data_locations(const fs::path& graph_file) {
+  return OnnxScanner(graph_file).locations();
+}
+
+void Manifest::check_external_data() const {
+  for (const Graph* graph : {&encoder, &decoder}) {
+    const fs::path file = dir / graph->file;
+    for (const std::string& location : external_data_locations(file)) {
+      check_name(location, file.string() + ": external data");
+      if (!files.count(location))
+        throw Error(file.string() + ": its external data '" + location + "' is not listed in " + kManifest +
+                    " with a sha256; the runtime opens only listed, hashed files");
+    }
+  }
+}
 
 std::string sha256_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -84,7 +250,7 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
     m.bos_id = model.at("bos_id").get<int64_t>();
     m.eos_id = model.at("eos_id").get<int64_t>();
     m.dtype = j.at("dtype").get<std::string>();
-    if (j.contains("tokenizer") && j["tokenizer"].is_string()) m.tokenizer = j["tokenizer"].get<std::string>();
+    if (j.contains("tokenizer") && !j["tokenizer"].is_null()) m.tokenizer = j["tokenizer"].get<std::string>();
     m.encoder = read_graph(j.at("graphs").at("encoder"));
     m.decoder = read_graph(j.at("graphs").at("decoder"));
     const json& key = kv_shape(j["graphs"]["decoder"], "past_key_self_0", where);
@@ -95,8 +261,23 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
   } catch (const json::exception& e) {
     throw Error(where + ": malformed manifest (missing or wrong " + e.what() + ")");
   }
+  if (m.src_vocab_size <= 0 || m.tgt_vocab_size <= 0 || m.max_positions <= 0 || m.n_heads <= 0 ||
+      m.head_dim_k <= 0 || m.head_dim_v <= 0)
+    throw Error(where + ": malformed manifest (sizes must be positive)");
+  for (int64_t id : {m.pad_id, m.unk_id, m.bos_id, m.eos_id})
+    if (id < 0 || id >= m.tgt_vocab_size) throw Error(where + ": malformed manifest (a special id is outside the vocab)");
+  // Every file the runtime opens is listed and hashed; every listed name stays inside the directory.
+  std::vector<std::string> opened = {m.encoder.file, m.decoder.file};
+  if (!m.tokenizer.empty()) opened.push_back(m.tokenizer);
+  for (const std::string& name : opened) {
+    check_name(name, where);
+    if (!m.files.count(name))
+      throw Error(where + ": " + name + " is not listed in 'files' with its sha256; the runtime opens only "
+                  "listed, hashed files: re-export the artifact");
+  }
   for (const auto& [name, expected] : m.files) {
-    const fs::path path = dir / name;
+    check_name(name, where);
+    const fs::path path = inside(dir, name);
     if (!fs::is_regular_file(path)) throw Error(path.string() + ": missing (listed in " + kManifest + ")");
     if (check_hashes && sha256_file(path) != expected)
       throw Error(path.string() + ": sha256 does not match " + kManifest +

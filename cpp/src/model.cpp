@@ -306,6 +306,7 @@ std::unique_ptr<Model::Impl> Model::Impl::load(const fs::path& dir, const Option
       throw Error("decoder graph: unexpected input " + name);
   }
 
+  m.check_external_data();
   x.encoder = x.open(options, m.encoder.file);
   x.decoder = x.open(options, m.decoder.file);
   const fs::path tokenizer = m.dir / m.tokenizer;

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from twostep.errors import BadCheckpoint
 
 NORM_PLACEMENTS = ("pre", "post")
+FIELD_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "int | None": (int, type(None))}
 NORM_TYPES = ("torch", "annotated")
 
 
@@ -55,7 +57,9 @@ class ModelConfig:
             raise BadCheckpoint("invalid model config: " + "; ".join(problems))
 
     def problems(self) -> list[str]:
-        out = []
+        out = self.type_problems()
+        if out:
+            return out
         if self.norm_placement not in NORM_PLACEMENTS:
             out.append(f"norm_placement must be one of {NORM_PLACEMENTS}, got {self.norm_placement!r}")
         if self.norm_type not in NORM_TYPES:
@@ -64,12 +68,24 @@ class ModelConfig:
             out.append(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}; give d_k and d_v")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             out.append("share_embeddings needs equal source and target vocab sizes")
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):
-            if getattr(self, name) <= 0:
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions",
+                     "n_encoder_layers", "n_decoder_layers", "d_k", "d_v", "norm_eps"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 out.append(f"{name} must be positive")
         for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
             if not 0 <= getattr(self, name) < self.tgt_vocab_size:
                 out.append(f"{name} {getattr(self, name)} is outside the target vocab")
+        return out
+
+    def type_problems(self) -> list[str]:
+        """Configs arrive as JSON from files: every field must have its declared type."""
+        out = []
+        for f in dataclasses.fields(self):
+            value, expected = getattr(self, f.name), FIELD_TYPES[f.type]
+            if isinstance(value, bool) != (bool in expected) or not isinstance(value, expected):
+                out.append(f"{f.name} must be {f.type}, got {type(value).__name__} {value!r:.40}")
+            elif isinstance(value, float) and not math.isfinite(value):
+                out.append(f"{f.name} must be finite, got {value}")
         return out
 
     @property

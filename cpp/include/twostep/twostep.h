@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -41,8 +42,16 @@ struct Manifest {
   } encoder, decoder;
   int64_t n_heads = 0, head_dim_k = 0, head_dim_v = 0;  // from the decoder's past_key_self_0 / past_value_self_0
 
+  // Reads manifest.json and checks it: format, schema version, sizes, every file the runtime opens listed
+  // with its sha256, every listed name a plain relative path that stays inside dir (symbolic links too),
+  // and (check_hashes) every listed file's sha256.
   static Manifest read(const std::filesystem::path& dir, bool check_hashes = true);
+  // The graphs' ONNX external data must be listed files too (Model::load checks it before opening them).
+  void check_external_data() const;
 };
+
+// The files an ONNX graph keeps tensors in (external data "location"s), found without reading tensor data.
+std::set<std::string> external_data_locations(const std::filesystem::path& graph_file);
 
 struct Options {
   int threads = 0;               // intra-op threads; 0: ONNX Runtime's default

@@ -5,7 +5,7 @@ KV cache and cross K/V stay on the device between steps; only token ids and beam
 from __future__ import annotations
 
 
-from twostep.artifact import Artifact
+from twostep.artifact import Artifact, check_ledger, record_ledger
 from twostep.errors import BackendUnavailable, BadArtifact
 from twostep.runtime.backends.base import Backend, Feeds
 
@@ -92,6 +92,16 @@ class OrtTrtBackend(OrtCudaBackend):
     name = "ort-trt"
     providers = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 
+    def _load(self) -> None:
+        cache = self.artifact.engine_dir("ort-trt")
+        check_ledger(cache)  # ONNX Runtime deserializes what it finds there: only what we recorded
+        super()._load()
+        record_ledger(cache)
+
+    def _close(self) -> None:
+        super()._close()
+        record_ledger(self.artifact.engine_dir("ort-trt"))  # engines built for shapes met while running
+
     def provider_list(self) -> list:
         from twostep.runtime.backends.trt import Profile
 
@@ -103,7 +113,7 @@ class OrtTrtBackend(OrtCudaBackend):
 
         options = {
             "trt_engine_cache_enable": True,
-            "trt_engine_cache_path": str(self.artifact.path / "engines" / "ort-trt"),
+            "trt_engine_cache_path": str(self.artifact.engine_dir("ort-trt")),
             "trt_fp16_enable": self.artifact.precision == "fp16",
             "trt_profile_min_shapes": shapes(0), "trt_profile_opt_shapes": shapes(1),
             "trt_profile_max_shapes": shapes(2),

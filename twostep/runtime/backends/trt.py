@@ -3,7 +3,7 @@
 Optimization profiles come from the manifest's symbolic axes (min/opt/max for batch, src_len, past_len,
 new_len; past_len min 0, so the first step is the same engine). Engines are stored in the artifact
 directory under `engines/` with a cache key (graph sha256, TensorRT version, GPU name, precision,
-profile) and reused. Execution uses TensorRT's tensor-address API (`set_input_shape`, `set_tensor_address`,
+profile) and reused; each engine has a record with its sha256 and is never deserialized unless it matches. Execution uses TensorRT's tensor-address API (`set_input_shape`, `set_tensor_address`,
 `execute_async_v3`) on one CUDA stream; device buffers are torch CUDA tensors shared with the decoding
 loop, and the KV cache never leaves the GPU. Written for TensorRT 10 and 11.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import numpy as np
 from twostep.artifact import Artifact
 from twostep.errors import BackendUnavailable, BadArtifact, BadInput
 from twostep.exporter.spec import present_name
+from twostep.files import write_file_atomic
 from twostep.runtime.backends.base import Backend, Feeds
 
 INSTALL = "pip install 'twostep[trt]' (TensorRT 10 or 11 wheels) on a machine with an NVIDIA GPU and CUDA"
@@ -63,9 +65,34 @@ class Profile:
 
 
 def cache_key(artifact: Artifact, graph: str, trt_version: str, gpu: str, precision: str, profile: Profile) -> str:
-    parts = {"graph_sha256": artifact.manifest["files"][artifact.manifest["graphs"][graph]["file"]],
+    parts = {"graph_sha256": artifact.graph_sha256(graph),
              "tensorrt": trt_version, "gpu": gpu, "precision": precision, "profile": asdict(profile)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def read_engine(plan: Path) -> bytes | None:
+    """A built engine's bytes, checked against the sha256 in its record (`NAME.json`, written with it);
+    None when it has not been built. An engine without a matching record is never deserialized."""
+    if not plan.exists():
+        return None
+    record = plan.with_suffix(".json")
+    try:
+        expected = json.loads(record.read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise BadArtifact(f"{plan}: no record {record.name} with its sha256 (twostep did not build it, or a build "
+                          "was interrupted); delete it to rebuild") from None
+    data = plan.read_bytes()
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise BadArtifact(f"{plan}: sha256 does not match {record.name}; the engine was changed or damaged, "
+                          "delete it to rebuild")
+    return data
+
+
+def write_engine(plan: Path, data: bytes, info: dict) -> None:
+    """The record first, then the engine: a crash in between leaves no engine, so the next run rebuilds."""
+    write_file_atomic(plan.with_suffix(".json"),
+                      (json.dumps({**info, "sha256": hashlib.sha256(data).hexdigest()}, indent=2) + "\n").encode())
+    write_file_atomic(plan, data)
 
 
 def build_engine(artifact: Artifact, graph: str, profile: Profile, fp16: bool, log=lambda m: None) -> Path:
@@ -76,8 +103,8 @@ def build_engine(artifact: Artifact, graph: str, profile: Profile, fp16: bool, l
     gpu = torch.cuda.get_device_name()
     precision = "fp16" if fp16 or artifact.precision == "fp16" else "fp32"
     key = cache_key(artifact, graph, trt.__version__, gpu, precision, profile)
-    path = artifact.path / "engines" / f"{graph}-{key}.plan"
-    if path.is_file():
+    path = artifact.engine_dir() / f"{graph}-{key}.plan"
+    if read_engine(path) is not None:
         return path
     if artifact.precision == "int8" or artifact.manifest.get("fusions"):
         raise BadArtifact(f"{artifact.path}: TensorRT builds fp32 or fp16 artifacts exported without --optimize; "
@@ -107,13 +134,8 @@ def build_engine(artifact: Artifact, graph: str, profile: Profile, fp16: bool, l
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise BadArtifact(f"{onnx_file}: TensorRT could not build an engine (see its log above)")
-    path.parent.mkdir(exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(bytes(serialized))
-    tmp.rename(path)
-    path.with_suffix(".json").write_text(json.dumps(
-        {"graph": graph, "tensorrt": trt.__version__, "gpu": gpu, "precision": precision,
-         "profile": asdict(profile)}, indent=2))
+    write_engine(path, bytes(serialized), {"graph": graph, "tensorrt": trt.__version__, "gpu": gpu,
+                                           "precision": precision, "profile": asdict(profile)})
     return path
 
 
@@ -148,13 +170,14 @@ class TrtBackend(Backend):
         self.engines, self.contexts = {}, {}
         for graph in self.graphs:
             plan = build_engine(self.artifact, graph, self.profile, self.fp16, self.log)
-            engine = self.runtime.deserialize_cuda_engine(plan.read_bytes())
+            engine = self.runtime.deserialize_cuda_engine(read_engine(plan))
             if engine is None:
                 raise BadArtifact(f"{plan}: TensorRT cannot deserialize this engine; delete it to rebuild")
             self.engines[graph] = engine
             self.contexts[graph] = engine.create_execution_context()
         self.stream = torch.cuda.Stream()
         self.dummy = torch.empty(1, device="cuda")  # an address for zero-size tensors
+        self.lock = threading.Lock()  # an execution context runs one call at a time: threads take turns
 
     def torch_dtype(self, graph: str, name: str):
         trt = import_trt()
@@ -164,6 +187,10 @@ class TrtBackend(Backend):
 
     def execute(self, graph: str, inputs: dict) -> dict:
         """Run one engine on device tensors (torch CUDA), returning device tensors."""
+        with self.lock:
+            return self._execute(graph, inputs)
+
+    def _execute(self, graph: str, inputs: dict) -> dict:
         context, spec = self.contexts[graph], self.graphs[graph]
         for t in spec.inputs:
             value = inputs[t.name].contiguous()

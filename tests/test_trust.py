@@ -1,0 +1,175 @@
+"""Artifact trust: every file the runtime opens is listed and hashed, and every name stays inside the artifact.
+Each crafted artifact is refused by Python and by C++ with the same message; a well-formed one with ONNX
+external data loads in both and decodes as before. Built engines are checked against their own records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import onnx
+import pytest
+
+from twostep.artifact import check_ledger, load_artifact, record_ledger, sha256_file
+from twostep.errors import BadArtifact
+from twostep.runtime.backends.trt import read_engine, write_engine
+from twostep.runtime.translator import open_translator
+from conftest import translate_cpp
+
+SENTENCES = ["three hundred and forty-two", "seventy-one thousand and five", "nine"]
+
+
+def manifest_of(art):
+    return json.loads((art / "manifest.json").read_text())
+
+
+def save_manifest(art, manifest):
+    (art / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def relist(art, manifest=None):
+    """Hash every listed file again, as a tamperer would."""
+    manifest = manifest or manifest_of(art)
+    manifest["files"] = {name: sha256_file(art / name) for name in manifest["files"]}
+    save_manifest(art, manifest)
+
+
+def to_external_data(art, location="decoder.data"):
+    """The decoder with its weights in an external-data file, as ONNX writes graphs over 2 GB."""
+    model = onnx.load(str(art / "decoder.onnx"))
+    onnx.save_model(model, str(art / "decoder.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="decoder.data", size_threshold=1024)
+    if location != "decoder.data":  # point the graph somewhere else, e.g. outside the artifact
+        model = onnx.load(str(art / "decoder.onnx"), load_external_data=False)
+        for tensor in model.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = location
+        onnx.save(model, str(art / "decoder.onnx"))
+        shutil.move(art / "decoder.data", art / location)
+
+
+def unlisted(name):
+    def damage(art, tmp_path):
+        manifest = manifest_of(art)
+        del manifest["files"][name]
+        save_manifest(art, manifest)
+    return damage
+
+
+def dotdot_name(art, tmp_path):
+    shutil.copy(art / "encoder.onnx", tmp_path / "x.onnx")
+    manifest = manifest_of(art)
+    manifest["files"]["../x.onnx"] = sha256_file(tmp_path / "x.onnx")
+    save_manifest(art, manifest)
+
+
+def absolute_graph(art, tmp_path):
+    shutil.copy(art / "decoder.onnx", tmp_path / "decoder.onnx")
+    manifest = manifest_of(art)
+    manifest["graphs"]["decoder"]["file"] = str(tmp_path / "decoder.onnx")
+    manifest["files"][str(tmp_path / "decoder.onnx")] = manifest["files"].pop("decoder.onnx")
+    save_manifest(art, manifest)
+    (art / "decoder.onnx").unlink()
+
+
+def symlink_out(art, tmp_path):
+    shutil.move(art / "decoder.onnx", tmp_path / "decoder.onnx")
+    (art / "decoder.onnx").symlink_to(tmp_path / "decoder.onnx")
+
+
+def external_unlisted(art, tmp_path):
+    to_external_data(art)
+    relist(art)
+
+
+def external_escapes(art, tmp_path):
+    to_external_data(art, "../decoder.data")
+    relist(art)
+
+
+CASES = {
+    "graph not listed": (unlisted("decoder.onnx"), "decoder.onnx is not listed in 'files' with its sha256"),
+    "tokenizer not listed": (unlisted("tokenizer.model"), "tokenizer.model is not listed in 'files' with its sha256"),
+    "name with ..": (dotdot_name, "file name '../x.onnx' must be a plain relative path inside the artifact"),
+    "absolute graph file": (absolute_graph, "must be a plain relative path inside the artifact"),
+    "link leading out": (symlink_out, "decoder.onnx: leads outside the artifact directory"),
+    "external data not listed": (external_unlisted, "external data 'decoder.data' is not listed in manifest.json"),
+    "external data outside": (external_escapes,
+                              "file name '../decoder.data' must be a plain relative path inside the artifact"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_python_and_cpp_refuse_the_same_artifacts(case, demo_artifact, tmp_path, cpp_build):
+    art = tmp_path / "art"
+    shutil.copytree(demo_artifact, art)
+    damage, message = CASES[case]
+    damage(art, tmp_path)
+    with pytest.raises(BadArtifact) as info:
+        open_translator(art)
+    assert message in str(info.value)
+    proc = translate_cpp(cpp_build, art, SENTENCES)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_listed_external_data_loads_and_decodes_the_same_in_python_and_cpp(demo_artifact, tmp_path, cpp_build):
+    translator, backend = open_translator(demo_artifact)
+    with backend:
+        expected = translator.translate(SENTENCES)
+    art = tmp_path / "art"
+    shutil.copytree(demo_artifact, art)
+    to_external_data(art)
+    manifest = manifest_of(art)
+    manifest["files"]["decoder.data"] = ""
+    relist(art, manifest)
+    assert (art / "decoder.data").stat().st_size > (art / "decoder.onnx").stat().st_size
+    translator, backend = open_translator(art)
+    with backend:
+        assert translator.translate(SENTENCES) == expected
+    proc = translate_cpp(cpp_build, art, SENTENCES)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == expected
+    # and its hash is checked like any other listed file
+    with open(art / "decoder.data", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x7f")
+    with pytest.raises(BadArtifact, match="decoder.data: sha256 does not match"):
+        load_artifact(art)
+    assert "decoder.data: sha256 does not match" in translate_cpp(cpp_build, art, SENTENCES).stderr
+
+
+def test_engines_are_used_only_when_their_record_matches(tmp_path):
+    plan = tmp_path / "decoder-abc.plan"
+    assert read_engine(plan) is None  # not built yet
+    write_engine(plan, b"serialized engine", {"graph": "decoder"})
+    assert read_engine(plan) == b"serialized engine"
+    assert json.loads(plan.with_suffix(".json").read_text())["sha256"] == hashlib.sha256(b"serialized engine").hexdigest()
+    plan.write_bytes(b"a swapped engine")
+    with pytest.raises(BadArtifact, match="sha256 does not match decoder-abc.json"):
+        read_engine(plan)
+    plan.with_suffix(".json").unlink()
+    with pytest.raises(BadArtifact, match="no record decoder-abc.json"):
+        read_engine(plan)
+
+
+def test_onnx_runtime_trt_cache_is_opened_only_as_recorded(tmp_path):
+    cache = tmp_path / "engines" / "ort-trt"
+    cache.mkdir(parents=True)
+    check_ledger(cache)  # empty: nothing to trust yet
+    (cache / "TensorrtExecutionProvider_abc.engine").write_bytes(b"engine")
+    with pytest.raises(BadArtifact, match="not in ort-trt.sha256.json"):
+        check_ledger(cache)
+    record_ledger(cache)  # what the backend does after ONNX Runtime built its engines
+    check_ledger(cache)
+    (cache / "TensorrtExecutionProvider_abc.engine").write_bytes(b"changed")
+    with pytest.raises(BadArtifact, match="TensorrtExecutionProvider_abc.engine: not in ort-trt.sha256.json"):
+        check_ledger(cache)
+    (cache / "TensorrtExecutionProvider_abc.engine").unlink()
+    (cache / "planted.engine").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(BadArtifact, match="planted.engine"):
+        check_ledger(cache)
