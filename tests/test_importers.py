@@ -138,3 +138,39 @@ def test_pickled_code_is_refused(tmp_path):
     torch.save({"model": torch.nn.Linear(2, 2)}, tmp_path / "module.pt")  # a whole module, not a state dict
     with pytest.raises(BadCheckpoint, match="weights_only=True"):
         import_state_dict_file(tmp_path / "module.pt", "annotated", tmp_path / "out", ImportOptions(n_heads=4))
+
+
+@pytest.mark.parametrize("case", ["annotated", "jadore-shared-prj", "nn-transformer"])
+def test_a_state_dict_without_its_position_buffer(case, tmp_path):
+    """Saved without the (non-persistent) position buffer: --max-positions rebuilds the seeds' sinusoidal
+    table, and the logits still match the foreign model; without it, one clear error."""
+    fmt, build, heads = CASES[case]
+    foreign, scores_fn, is_logprob, extra = build()
+    table = {"annotated": "src_embed.1.pe", "jadore-shared-prj": "encoder.position_enc.pos_table",
+             "nn-transformer": "positional_encoding.pos_embedding"}[case]
+    state = {k: v for k, v in foreign.state_dict().items()
+             if not k.endswith((".pe", "position_enc.pos_table", "pos_embedding"))}
+    assert table not in state
+    torch.save(state, tmp_path / "foreign.pt")
+    with pytest.raises(BadCheckpoint, match=f"no position table {table}.*--max-positions"):
+        import_state_dict_file(tmp_path / "foreign.pt", fmt, tmp_path / "none", ImportOptions(n_heads=heads, **extra))
+    import_state_dict_file(tmp_path / "foreign.pt", fmt, tmp_path / "ckpt",
+                           ImportOptions(n_heads=heads, max_positions=40, **extra))
+    ours = load_checkpoint(tmp_path / "ckpt").model
+    assert ours.config.max_positions == 40
+    src, tgt = random_batch(SRC_V, [9, 5], seed=4), random_batch(TGT_V, [7, 3], seed=5)
+    with torch.no_grad():
+        theirs = scores_fn(src, tgt)
+        logits = ours(src, (src != PAD).long(), tgt)
+        mine = F.log_softmax(logits, -1) if is_logprob else logits
+    for row, n in enumerate([7, 3]):
+        torch.testing.assert_close(mine[row, :n], theirs[row, :n], atol=1e-5, rtol=0)
+
+
+def test_max_positions_beyond_the_table_is_one_error(tmp_path):
+    foreign, *_ = case_annotated()
+    torch.save(foreign.state_dict(), tmp_path / "foreign.pt")
+    rows = foreign.state_dict()["src_embed.1.pe"].shape[-2]
+    with pytest.raises(BadCheckpoint, match=f"--max-positions {rows + 1} is more than the {rows} rows"):
+        import_state_dict_file(tmp_path / "foreign.pt", "annotated", tmp_path / "ck",
+                               ImportOptions(n_heads=4, max_positions=rows + 1))

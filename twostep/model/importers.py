@@ -2,7 +2,8 @@
 checkpoint out.
 
 Sizes are inferred from tensor shapes (the head count and special ids, which shapes cannot tell, come
-from options); every tensor is mapped, and everything that cannot be mapped is listed in one error.
+from options); every tensor is mapped, and everything that cannot be mapped is listed in one error. A state
+dict saved without its position buffer gets the seeds' sinusoidal table rebuilt, `--max-positions` rows.
 Each format's quirks live here, in its own function, and nowhere else.
 
 - `annotated`: the Annotated Transformer (seed 003): `src_embed.0.lut` (or `.embed`), `linears.0-3`,
@@ -26,7 +27,7 @@ import torch
 from twostep.errors import BadCheckpoint
 from twostep.model.checkpoint import Checkpoint, canonical_state_dict, save_checkpoint
 from twostep.model.config import ModelConfig
-from twostep.model.transformer import Transformer
+from twostep.model.transformer import Transformer, sinusoid_table
 
 StateDict = dict[str, torch.Tensor]
 
@@ -88,10 +89,26 @@ class Mapper:
             self.put(f"{ours}.{name}.bias", f"{theirs}.in_proj_bias", lambda t, rows=rows: t[rows])
         self.linear(f"{ours}.out_proj", f"{theirs}.out_proj")
 
-    def positions(self, theirs: str, max_positions: int | None) -> torch.Tensor:
+    def position_rows(self, theirs: str, max_positions: int | None) -> int:
+        """The model's max_positions: --max-positions, else the rows of the foreign position table."""
+        if theirs in self.sd:
+            rows = self.sd[theirs].numel() // self.sd[theirs].shape[-1]
+            if max_positions and max_positions > rows:
+                raise BadCheckpoint(f"--max-positions {max_positions} is more than the {rows} rows of {theirs}")
+            return max_positions or rows
+        if max_positions:
+            return max_positions
+        raise BadCheckpoint(f"the state dict has no position table {theirs} (saved without its buffer?); pass "
+                            "--max-positions N to rebuild the sinusoidal table that every seed family uses")
+
+    def positions(self, theirs: str, config: ModelConfig) -> torch.Tensor:
+        """The foreign position table cut to max_positions rows, or, where the state dict has none, the
+        sinusoidal table the seed families compute."""
+        if theirs not in self.sd:
+            return sinusoid_table(config.max_positions, config.d_model)
         table = self.sd[theirs].reshape(-1, self.sd[theirs].shape[-1])  # (P, D), whatever the batch dims
         self.used.add(theirs)
-        return table[:max_positions] if max_positions else table
+        return table[: config.max_positions]
 
     def build(self, config: ModelConfig, positions: torch.Tensor) -> Transformer:
         """Check all pairs against a model of `config`; raise one error listing every problem."""
@@ -172,7 +189,7 @@ def import_annotated(sd: StateDict, opts: ImportOptions, fmt: str = "annotated")
         opts, src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, d_model=d,
         d_ff=m.shape("encoder.layers.0.feed_forward.w_1.weight")[0],
         n_encoder_layers=m.count(r"encoder\.layers\.(\d+)\."), n_decoder_layers=m.count(r"decoder\.layers\.(\d+)\."),
-        max_positions=opts.max_positions or m.shape("src_embed.1.pe")[-2],
+        max_positions=m.position_rows("src_embed.1.pe", opts.max_positions),
         norm_placement="pre", norm_type="annotated" if a2b2 else "torch", norm_eps=1e-6 if a2b2 else 1e-5,
         share_embeddings=same(sd, src, tgt), tie_generator=same(sd, tgt, "generator.proj.weight"),
     )
@@ -187,7 +204,7 @@ def import_annotated(sd: StateDict, opts: ImportOptions, fmt: str = "annotated")
     sublayer_stack(m, cfg, attention, a2b2)
     embeddings_and_generator(m, cfg, src, tgt, "generator.proj")
     m.used.add("tgt_embed.1.pe")  # the same sinusoid table as the source side
-    return m.build(cfg, m.positions("src_embed.1.pe", opts.max_positions))
+    return m.build(cfg, m.positions("src_embed.1.pe", cfg))
 
 
 def import_mha(sd: StateDict, opts: ImportOptions) -> Transformer:
@@ -208,7 +225,7 @@ def import_jadore(sd: StateDict, opts: ImportOptions) -> Transformer:
         d_ff=m.shape("encoder.layer_stack.0.pos_ffn.w_1.weight")[0],
         n_encoder_layers=m.count(r"encoder\.layer_stack\.(\d+)\."),
         n_decoder_layers=m.count(r"decoder\.layer_stack\.(\d+)\."),
-        max_positions=opts.max_positions or m.shape("encoder.position_enc.pos_table")[-2],
+        max_positions=m.position_rows("encoder.position_enc.pos_table", opts.max_positions),
         d_k=m.shape("encoder.layer_stack.0.slf_attn.w_qs.weight")[0] // h,
         d_v=m.shape("encoder.layer_stack.0.slf_attn.w_vs.weight")[0] // h,
         norm_placement="post", norm_eps=1e-6, attn_bias=False, generator_bias=False, embed_norm=True,
@@ -236,7 +253,7 @@ def import_jadore(sd: StateDict, opts: ImportOptions) -> Transformer:
         m.norm(f"{side}.embed_norm", f"{side}.layer_norm")
     embeddings_and_generator(m, cfg, src, tgt, "trg_word_prj")
     m.used.add("decoder.position_enc.pos_table")
-    return m.build(cfg, m.positions("encoder.position_enc.pos_table", opts.max_positions))
+    return m.build(cfg, m.positions("encoder.position_enc.pos_table", cfg))
 
 
 def import_nn_transformer(sd: StateDict, opts: ImportOptions) -> Transformer:
@@ -249,7 +266,7 @@ def import_nn_transformer(sd: StateDict, opts: ImportOptions) -> Transformer:
         d_ff=m.shape("transformer.encoder.layers.0.linear1.weight")[0],
         n_encoder_layers=m.count(r"transformer\.encoder\.layers\.(\d+)\."),
         n_decoder_layers=m.count(r"transformer\.decoder\.layers\.(\d+)\."),
-        max_positions=opts.max_positions or m.shape("positional_encoding.pos_embedding")[0],
+        max_positions=m.position_rows("positional_encoding.pos_embedding", opts.max_positions),
         norm_placement="post", norm_eps=1e-5,
         share_embeddings=same(sd, src, tgt), tie_generator=same(sd, tgt, "generator.weight"),
     )
@@ -272,7 +289,7 @@ def import_nn_transformer(sd: StateDict, opts: ImportOptions) -> Transformer:
     m.norm("encoder.final_norm", "transformer.encoder.norm")
     m.norm("decoder.final_norm", "transformer.decoder.norm")
     embeddings_and_generator(m, cfg, src, tgt, "generator")
-    return m.build(cfg, m.positions("positional_encoding.pos_embedding", opts.max_positions))
+    return m.build(cfg, m.positions("positional_encoding.pos_embedding", cfg))
 
 
 IMPORTERS: dict[str, Callable[[StateDict, ImportOptions], Transformer]] = {
@@ -306,9 +323,10 @@ def read_state_dict(path: Path) -> StateDict:
 
 
 def import_state_dict_file(src: Path, fmt: str, out_dir: Path, opts: ImportOptions,
-                           tokenizer: Path | None = None) -> Checkpoint:
+                           tokenizer: Path | None = None, force: bool = False) -> Checkpoint:
     model = import_state_dict(read_state_dict(src), fmt, opts)
     if tokenizer is not None and not Path(tokenizer).is_file():
         raise BadCheckpoint(f"{tokenizer}: tokenizer file not found")
-    path = save_checkpoint(model, out_dir, tokenizer=tokenizer, info={"imported_from": {"format": fmt, "file": str(src)}})
+    path = save_checkpoint(model, out_dir, tokenizer=tokenizer, info={"imported_from": {"format": fmt, "file": str(src)}},
+                           force=force)
     return Checkpoint(path=path, model=model, task=None, info={})
