@@ -8,7 +8,9 @@ backend's allocations do not slow the next; the parent shows progress and gather
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import resource
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -140,17 +142,44 @@ def _child(queue, target: Callable[..., list[Result]], args: tuple) -> None:
         queue.put(("crash", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
-def run_in_child(target: Callable[..., list[Result]], args: tuple, tick: Callable[[], None] = lambda: None) -> list[Result]:
-    """Run `target(*args, tick=...)` in a fresh spawned process; `target` must be a module-level function."""
+class ChildDied(Exception):
+    """A benchmark child that ended without a result: killed, out of memory, or crashed in native code."""
+
+
+def exit_reason(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode} before reporting a result"
+
+
+def run_in_child(target: Callable[..., list[Result]], args: tuple, tick: Callable[[], None] = lambda: None,
+                 poll_s: float = 0.5) -> list[Result]:
+    """Run `target(*args, tick=...)` in a fresh spawned process; `target` must be a module-level function.
+    Raises ChildDied when the child ends without a result, instead of waiting for one forever."""
     ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_child, args=(queue, target, args))
+    results = ctx.Queue()
+    child = ctx.Process(target=_child, args=(results, target, args))
     child.start()
-    kind, payload = queue.get()
-    while kind == "tick":
-        tick()
-        kind, payload = queue.get()
-    child.join()
+    try:
+        while True:
+            try:
+                kind, payload = results.get(timeout=poll_s)
+            except queue.Empty:
+                if child.is_alive():
+                    continue
+                try:  # what it sent just before it ended is still in the pipe
+                    kind, payload = results.get(timeout=poll_s)
+                except queue.Empty:
+                    child.join()
+                    raise ChildDied(exit_reason(child.exitcode)) from None
+            if kind != "tick":
+                break
+            tick()
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+            child.join()
     if kind == "crash":
         raise RuntimeError(f"benchmark child {target.__name__}{args[:1]} crashed:\n{payload}")
     return [Result(**{**d, "workload": Workload(**d["workload"])}) for d in payload]
@@ -159,9 +188,13 @@ def run_in_child(target: Callable[..., list[Result]], args: tuple, tick: Callabl
 def bench(backend_names: list[str], artifact_dir: Path | None, checkpoint_dir: Path | None, workloads: list[Workload],
           warmup: int = 3, iters: int = 5, threads: int | None = None, device: str = "cpu",
           tick: Callable[[], None] = lambda: None) -> list[Result]:
-    """Run each backend in a fresh child process, one after the other; results in backend order."""
+    """Run each backend in a fresh child process, one after the other; results in backend order. A backend
+    whose process dies gets error rows, and the others are still measured."""
     out: list[Result] = []
     for name in backend_names:
         args = (name, artifact_dir, checkpoint_dir, workloads, warmup, iters, threads, device)
-        out += run_in_child(run_backend, args, tick)
+        try:
+            out += run_in_child(run_backend, args, tick)
+        except ChildDied as exc:
+            out += [Result(name, w, error=f"its benchmark process died ({exc})") for w in workloads]
     return out

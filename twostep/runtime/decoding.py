@@ -7,13 +7,17 @@ last position and sends back token ids, plus beam origins for beam search.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from twostep.errors import BadInput
+from twostep.errors import BadInput, SessionBusy
 
 
 class StepSession(Protocol):
@@ -201,6 +205,8 @@ def sample(
 
 @dataclass(frozen=True)
 class DecodeOptions:
+    """How to decode; impossible combinations are refused here, with one BadInput listing them all."""
+
     beam_size: int = 1
     length_penalty: float = 1.0
     n_best: int = 1
@@ -209,20 +215,75 @@ class DecodeOptions:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
-    max_new_tokens: int | None = None  # None: 2 * source length + 16, capped by max_positions
+    max_new_tokens: int | None = None  # None: 2 * source length + 16; always capped by max_positions
     suppress_eos: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not is_int(self.beam_size) or self.beam_size < 1:
+            problems.append(f"beam size must be an integer >= 1, got {self.beam_size!r}")
+        elif not is_int(self.n_best) or not 1 <= self.n_best <= self.beam_size:
+            problems.append(f"n_best must be between 1 and the beam size {self.beam_size}, got {self.n_best!r}")
+        if self.sampling and is_int(self.beam_size) and self.beam_size > 1:
+            problems.append("sampling and beam search exclude each other: choose one")
+        for name in ("length_penalty", "temperature", "top_p"):
+            if not is_number(getattr(self, name)):
+                problems.append(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if is_number(self.temperature) and self.temperature <= 0:
+            problems.append(f"temperature must be positive, got {self.temperature}")
+        if is_number(self.top_p) and not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if not is_int(self.top_k) or self.top_k < 0:
+            problems.append(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
+            problems.append(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
+            problems.append(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if problems:
+            raise BadInput("bad decoding options: " + "; ".join(problems))
+
+
+def is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_busy: weakref.WeakSet = weakref.WeakSet()  # sessions decoding right now
+_busy_lock = threading.Lock()
+
+
+@contextmanager
+def exclusive(session: StepSession) -> Iterator[None]:
+    """A step session holds one batch's cache: a second thread decoding on it would mix two batches, so it
+    is refused with SessionBusy (a Translator serialises its callers instead)."""
+    with _busy_lock:
+        if session in _busy:
+            raise SessionBusy("this step session is decoding in another thread; use one session per thread, or "
+                              "share a Translator, which serialises its callers")
+        _busy.add(session)
+    try:
+        yield
+    finally:
+        with _busy_lock:
+            _busy.discard(session)
 
 
 def decode(session: StepSession, sources: Sequence[Sequence[int]], options: DecodeOptions, *, bos_id: int,
            eos_id: int, pad_id: int, max_new_tokens: int) -> list[list[Hypothesis]]:
-    """One entry point for every strategy; greedy and sampling give one hypothesis with score 0."""
+    """One entry point for every strategy; greedy and sampling give one hypothesis with score 0. One decode
+    at a time per session (SessionBusy otherwise)."""
     common = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_new_tokens=max_new_tokens)
-    if options.sampling:
-        outs = sample(session, sources, temperature=options.temperature, top_k=options.top_k,
-                      top_p=options.top_p, seed=options.seed, **common)
+    with exclusive(session):
+        if options.sampling:
+            outs = sample(session, sources, temperature=options.temperature, top_k=options.top_k,
+                          top_p=options.top_p, seed=options.seed, **common)
+            return [[Hypothesis(o, 0.0)] for o in outs]
+        if options.beam_size > 1:
+            return beam_search(session, sources, beam_size=options.beam_size,
+                               length_penalty=options.length_penalty, n_best=options.n_best,
+                               suppress_eos=options.suppress_eos, **common)
+        outs = greedy(session, sources, suppress_eos=options.suppress_eos, **common)
         return [[Hypothesis(o, 0.0)] for o in outs]
-    if options.beam_size > 1:
-        return beam_search(session, sources, beam_size=options.beam_size, length_penalty=options.length_penalty,
-                           n_best=options.n_best, suppress_eos=options.suppress_eos, **common)
-    outs = greedy(session, sources, suppress_eos=options.suppress_eos, **common)
-    return [[Hypothesis(o, 0.0)] for o in outs]

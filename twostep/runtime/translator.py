@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +32,13 @@ class Translator:
                  batch_size: int = 32, options: DecodeOptions = DecodeOptions()):
         self.session, self.specials, self.tokenizer = session, specials, tokenizer
         self.batch_size, self.options = batch_size, options
+        self.lock = threading.Lock()  # threads may share a Translator: their calls run one after another
 
     def check_ids(self, sources: Sequence[Sequence[int]]) -> None:
         s = self.specials
         for i, ids in enumerate(sources):
+            if isinstance(ids, (str, bytes)) or not all(decoding.is_int(t) for t in ids):
+                raise BadInput(f"sentence {i + 1} is not a list of integer token ids")
             if len(ids) == 0:
                 raise BadInput(f"sentence {i + 1} is empty")
             if len(ids) > s.max_positions:
@@ -55,15 +59,16 @@ class Translator:
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths share a batch
         results: list[list[Hypothesis]] = [[] for _ in sources]
         s = self.specials
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            batch = [sources[i] for i in chunk]
-            outs = decoding.decode(
-                self.session, batch, self.options, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
-                max_new_tokens=self.options.max_new_tokens or self.max_new_tokens(batch),
-            )
-            for i, out in zip(chunk, outs):
-                results[i] = out
+        with self.lock:
+            for start in range(0, len(order), self.batch_size):
+                chunk = order[start : start + self.batch_size]
+                batch = [sources[i] for i in chunk]
+                outs = decoding.decode(
+                    self.session, batch, self.options, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
+                    max_new_tokens=min(self.options.max_new_tokens or self.max_new_tokens(batch), s.max_positions),
+                )
+                for i, out in zip(chunk, outs):
+                    results[i] = out
         return results
 
     def translate_ids(self, sources: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -72,10 +77,16 @@ class Translator:
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         if self.tokenizer is None:
             raise BadInput("this model has no tokenizer.model: text translation needs one (token-id APIs work without)")
+        out = []
         for i, text in enumerate(texts):
-            if not text.strip():
-                raise BadInput(f"sentence {i + 1} is empty")
-        return [self.tokenizer.encode_source(text) for text in texts]
+            if not isinstance(text, str) or not text.strip():
+                raise BadInput(f"sentence {i + 1} is empty" if isinstance(text, str) else f"sentence {i + 1} is not text")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # lone surrogates, which SentencePiece cannot take
+                raise BadInput(f"sentence {i + 1} is not valid Unicode text (it holds lone surrogates)") from None
+            out.append(self.tokenizer.encode_source(text))
+        return out
 
     def translate(self, texts: Sequence[str]) -> list[str]:
         return [self.tokenizer.decode(ids) for ids in self.translate_ids(self.encode(texts))]
