@@ -92,8 +92,9 @@ class Artifact:
 
 def safe_name(name: Any, where: str) -> str:
     """A plain relative path inside the artifact: no absolute paths, no `..`, no empty or odd parts."""
-    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
-        raise BadArtifact(f"{where}: file name {name!r} is not a plain relative path")
+    if (not isinstance(name, str) or not name or "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name)
+            or not name.encode("utf-8", "surrogatepass").decode("utf-8", "replace") == name):
+        raise BadArtifact(f"{where}: file name {name!r:.80} must be a plain relative path inside the artifact")
     parts = name.split("/")
     if PurePosixPath(name).is_absolute() or any(p in ("", ".", "..") for p in parts):
         raise BadArtifact(f"{where}: file name {name!r} must be a plain relative path inside the artifact "
@@ -238,11 +239,14 @@ def load_artifact(path: Path | str, check_hashes: bool = True) -> Artifact:
                               "only listed, hashed files: re-export the artifact")
     for name, expected in files.items():
         file = inside(path, name, f"listed in {MANIFEST}")
-        if not file.is_file():
-            raise BadArtifact(f"{file}: missing (listed in {MANIFEST})")
-        if check_hashes and sha256_file(file) != expected:
-            raise BadArtifact(f"{file}: sha256 does not match {MANIFEST}; the file was changed or damaged, "
-                              "re-export the artifact")
+        try:
+            if not file.is_file():
+                raise BadArtifact(f"{file}: missing (listed in {MANIFEST})")
+            if check_hashes and sha256_file(file) != expected:
+                raise BadArtifact(f"{file}: sha256 does not match {MANIFEST}; the file was changed or damaged, "
+                                  "re-export the artifact")
+        except OSError as exc:  # unreadable, or a name the filesystem refuses
+            raise BadArtifact(f"{file}: cannot read it ({exc.strerror})") from None
     if check_hashes:
         for graph in GRAPH_FILES:
             graph_file = path / manifest["graphs"][graph]["file"]

@@ -1,4 +1,5 @@
 // manifest.json: the artifact's contract (twostep/artifact.py reads the same file the same way).
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -29,8 +30,8 @@ Manifest::Graph read_graph(const json& graph) {
 
 // A plain relative path inside the artifact (twostep/artifact.py's safe_name): no absolute path, no '..'.
 void check_name(const std::string& name, const std::string& where) {
-  bool bad = name.empty() || name.find('\\') != std::string::npos || name.find('\0') != std::string::npos ||
-             name.front() == '/';
+  bool bad = name.empty() || name.find('\\') != std::string::npos || name.front() == '/' ||
+             std::any_of(name.begin(), name.end(), [](unsigned char c) { return c < 32 || c == 127; });
   for (size_t start = 0; !bad;) {
     const size_t end = name.find('/', start);
     const std::string part = name.substr(start, end == std::string::npos ? std::string::npos : end - start);
