@@ -174,3 +174,23 @@ def test_max_positions_beyond_the_table_is_one_error(tmp_path):
     with pytest.raises(BadCheckpoint, match=f"--max-positions {rows + 1} is more than the {rows} rows"):
         import_state_dict_file(tmp_path / "foreign.pt", "annotated", tmp_path / "ck",
                                ImportOptions(n_heads=4, max_positions=rows + 1))
+
+
+class RunsCode:
+    """A pickle whose loading runs a shell command: what a malicious checkpoint looks like."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickle_that_runs_code_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"encoder.weight": RunsCode(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(BadCheckpoint, match="weights_only=True"):
+        import_state_dict_file(tmp_path / "evil.pt", "annotated", tmp_path / "out", ImportOptions(n_heads=4))
+    assert not marker.exists() and not (tmp_path / "out").exists()

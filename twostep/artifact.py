@@ -86,7 +86,11 @@ class Artifact:
             if path.is_symlink() or (path.exists() and not path.is_dir()):
                 raise BadArtifact(f"{path}: expected a directory of engines that twostep builds, found a "
                                   "link or a file; remove it to let twostep rebuild its engines")
-            path.mkdir(exist_ok=True)
+            try:
+                path.mkdir(exist_ok=True)
+            except OSError as exc:
+                raise BadArtifact(f"{path}: cannot create the engine cache ({exc.strerror}); engines are built "
+                                  "into the artifact directory, so it must be writable") from None
         return path
 
 
