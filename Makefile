@@ -21,7 +21,7 @@ ART := artifacts/demo
 
 demo: setup
 	$(BIN)/twostep evaluate $(DEMO) --split test
-	$(BIN)/twostep export $(DEMO) --out $(ART)
+	$(BIN)/twostep export $(DEMO) --out $(ART) --force
 	$(BIN)/twostep inspect $(ART)
 	$(BIN)/twostep verify $(ART) --checkpoint $(DEMO) --backend ort-cpu
 	$(BIN)/twostep translate $(ART) --beam 4 "three hundred and forty-two" \
@@ -37,8 +37,8 @@ cpp: setup
 	cd cpp/build && ctest --output-on-failure
 
 artifacts/cppbase/manifest.json: | setup
-	$(BIN)/twostep init --preset base --vocab 32000 --out runs/cppbase
-	$(BIN)/twostep export runs/cppbase --out artifacts/cppbase
+	$(BIN)/twostep init --preset base --vocab 32000 --out runs/cppbase --force
+	$(BIN)/twostep export runs/cppbase --out artifacts/cppbase --force
 
 cpp-bench: cpp artifacts/cppbase/manifest.json
 	$(BIN)/python cpp/bench.py artifacts/cppbase

@@ -152,8 +152,12 @@ def test_bench_reports_a_backend_whose_process_dies_and_finishes(tiny_artifact):
                 os.kill(child.pid, signal.SIGKILL)
                 killed.append(child.pid)
 
-    results = bench(["ort-cpu", "torch"], art, ckpt, [Workload(2, 4, 3), Workload(1, 4, 3)], warmup=1, iters=2,
-                    tick=tick)
+    results = []
+    runner = threading.Thread(daemon=True, target=lambda: results.extend(bench(
+        ["ort-cpu", "torch"], art, ckpt, [Workload(2, 4, 3), Workload(1, 4, 3)], warmup=1, iters=2, tick=tick)))
+    runner.start()
+    runner.join(timeout=120)
+    assert not runner.is_alive(), "bench still waits for a child that died"
     assert killed
     assert [r.backend for r in results] == ["ort-cpu", "ort-cpu", "torch", "torch"]
     assert all("died (killed by SIGKILL)" in r.error for r in results[:2])
