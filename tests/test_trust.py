@@ -148,7 +148,8 @@ def test_engines_are_used_only_when_their_record_matches(tmp_path):
     assert read_engine(plan) is None  # not built yet
     write_engine(plan, b"serialized engine", {"graph": "decoder"})
     assert read_engine(plan) == b"serialized engine"
-    assert json.loads(plan.with_suffix(".json").read_text())["sha256"] == hashlib.sha256(b"serialized engine").hexdigest()
+    record = json.loads(plan.with_suffix(".json").read_text())
+    assert record["sha256"] == hashlib.sha256(b"serialized engine").hexdigest() and record["graph"] == "decoder"
     plan.write_bytes(b"a swapped engine")
     with pytest.raises(BadArtifact, match="sha256 does not match decoder-abc.json"):
         read_engine(plan)

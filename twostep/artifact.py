@@ -20,7 +20,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from twostep.errors import BadArtifact, BadCheckpoint
@@ -95,21 +95,32 @@ class Artifact:
 
 
 def safe_name(name: Any, where: str) -> str:
-    """A plain relative path inside the artifact: no absolute paths, no `..`, no empty or odd parts."""
-    if (not isinstance(name, str) or not name or "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name)
-            or not name.encode("utf-8", "surrogatepass").decode("utf-8", "replace") == name):
-        raise BadArtifact(f"{where}: file name {name!r:.80} must be a plain relative path inside the artifact")
-    parts = name.split("/")
-    if PurePosixPath(name).is_absolute() or any(p in ("", ".", "..") for p in parts):
-        raise BadArtifact(f"{where}: file name {name!r} must be a plain relative path inside the artifact "
+    """A plain relative path inside the artifact: parts separated by '/', none empty, '.' or '..' (so no
+    absolute path), no backslash or control character, valid UTF-8. cpp/src/manifest.cpp: check_name."""
+    parts = name.split("/") if isinstance(name, str) else [""]
+    plain = (all(p not in ("", ".", "..") for p in parts) and "\\" not in name
+             and not any(ord(c) < 32 or ord(c) == 127 for c in name) and is_utf8(name))
+    if not plain:
+        raise BadArtifact(f"{where}: file name {name!r:.80} must be a plain relative path inside the artifact "
                           "(no absolute path, no '..')")
     return name
+
+
+def is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates
+        return False
+    return True
 
 
 def inside(root: Path, name: str, where: str) -> Path:
     """`root / name`, refused when a symbolic link on the way leads outside `root`."""
     path = root / name
-    resolved = path.resolve()
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop
+        raise BadArtifact(f"{path}: cannot resolve it ({exc})") from None
     if os.path.commonpath([resolved, root.resolve()]) != str(root.resolve()):
         raise BadArtifact(f"{path}: leads outside the artifact directory (to {resolved}); artifacts must "
                           f"hold their files themselves ({where})")
@@ -289,7 +300,10 @@ def record_ledger(directory: Path) -> None:
     """After the library has written its cache: record every file with its sha256."""
     files = {f.relative_to(directory).as_posix(): sha256_file(f) for f in sorted(directory.rglob("*"))
              if f.is_file() and not f.is_symlink()}
-    write_file_atomic(ledger_file(directory), (json.dumps(files, indent=2) + "\n").encode())
+    try:
+        write_file_atomic(ledger_file(directory), (json.dumps(files, indent=2) + "\n").encode())
+    except OSError as exc:
+        raise BadArtifact(f"{ledger_file(directory)}: cannot record the engine cache ({exc.strerror})") from None
 
 
 def owned_entries(path: Path) -> set[str] | None:

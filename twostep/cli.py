@@ -54,7 +54,8 @@ def train(
     seed: int = typer.Option(1),
     threads: int = typer.Option(2, min=1),
     resume: bool = typer.Option(False, help="Continue from OUT.train/ if an earlier run left it."),
-    force: bool = typer.Option(False, "--force", help="Replace an earlier checkpoint at --out, or start over from an earlier run's state."),
+    force: bool = typer.Option(False, "--force",
+                               help="Replace an earlier checkpoint at --out, or start over from an earlier run's state."),
 ) -> None:
     """Train a model on a bundled task with the seeds' recipe (Noam, label smoothing, length batches)."""
     from twostep.model.train import TrainConfig, train as run_train
@@ -138,7 +139,8 @@ def translate(
 @app.command()
 def export(
     ckpt_dir: Path = typer.Argument(..., help="Checkpoint directory."),
-    out_dir: Path = typer.Option(..., "--out", help="Artifact directory to write: new, empty, or (with --force) an earlier artifact."),
+    out_dir: Path = typer.Option(..., "--out",
+                                 help="Artifact directory to write: new, empty, or (with --force) an earlier artifact."),
     opset: int = typer.Option(18, help="ONNX opset, 17..23."),
     dtype: str = typer.Option("fp32", help="fp32; fp16 (fragile ops kept fp32); int8 (dynamic quantization of the weight MatMuls)."),
     optimize: bool = typer.Option(False, help="ONNX Runtime transformer fusions (ONNX Runtime only, not TensorRT)."),

@@ -47,7 +47,12 @@ void check_name(const std::string& name, const std::string& where) {
 // dir / name, refused when a symbolic link on the way leads outside dir.
 fs::path inside(const fs::path& dir, const std::string& name) {
   const fs::path path = dir / name;
-  const fs::path root = fs::weakly_canonical(dir), resolved = fs::weakly_canonical(path);
+  fs::path root, resolved;
+  try {
+    root = fs::weakly_canonical(dir), resolved = fs::weakly_canonical(path);
+  } catch (const fs::filesystem_error& e) {  // a symbolic link loop, a name too long
+    throw Error(path.string() + ": cannot resolve it (" + e.what() + ")");
+  }
   if (std::mismatch(root.begin(), root.end(), resolved.begin(), resolved.end()).first != root.end())
     throw Error(path.string() + ": leads outside the artifact directory (to " + resolved.string() +
                 "); artifacts must hold their files themselves");

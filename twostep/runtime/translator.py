@@ -79,8 +79,10 @@ class Translator:
             raise BadInput("this model has no tokenizer.model: text translation needs one (token-id APIs work without)")
         out = []
         for i, text in enumerate(texts):
-            if not isinstance(text, str) or not text.strip():
-                raise BadInput(f"sentence {i + 1} is empty" if isinstance(text, str) else f"sentence {i + 1} is not text")
+            if not isinstance(text, str):
+                raise BadInput(f"sentence {i + 1} is not text")
+            if not text.strip():
+                raise BadInput(f"sentence {i + 1} is empty")
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:  # lone surrogates, which SentencePiece cannot take

@@ -3,8 +3,9 @@
 Optimization profiles come from the manifest's symbolic axes (min/opt/max for batch, src_len, past_len,
 new_len; past_len min 0, so the first step is the same engine). Engines are stored in the artifact
 directory under `engines/` with a cache key (graph sha256, TensorRT version, GPU name, precision,
-profile) and reused; each engine has a record with its sha256 and is never deserialized unless it matches. Execution uses TensorRT's tensor-address API (`set_input_shape`, `set_tensor_address`,
-`execute_async_v3`) on one CUDA stream; device buffers are torch CUDA tensors shared with the decoding
+profile) and reused; each engine has a record with its sha256 and is never deserialized unless it matches.
+Execution uses TensorRT's tensor-address API (`set_input_shape`, `set_tensor_address`, `execute_async_v3`)
+on one CUDA stream; device buffers are torch CUDA tensors shared with the decoding
 loop, and the KV cache never leaves the GPU. Written for TensorRT 10 and 11.
 
 Imported only when the trt backend is chosen.
