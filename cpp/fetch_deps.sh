@@ -2,20 +2,26 @@
 # Fetch what the C++ build needs, without touching the system's apt sources. Idempotent.
 #
 #   cpp/third_party/onnxruntime/include   ONNX Runtime C/C++ API headers, from Debian trixie's libonnxruntime-dev
-#   cpp/third_party/onnxruntime/lib       libonnxruntime.so.<version> from the onnxruntime Python wheel, + symlinks
+#   cpp/third_party/onnxruntime/lib       libonnxruntime.so.<version> from the onnxruntime Python wheel, + symlinks;
+#                                         from onnxruntime-gpu also its provider libraries (providers_shared,
+#                                         providers_cuda, providers_tensorrt), which ONNX Runtime loads from the
+#                                         directory libonnxruntime.so is in: without them `provider "cuda"` fails
 #   system packages (bookworm)            libsentencepiece-dev nlohmann-json3-dev doctest-dev libssl-dev
 #
 # The headers' C API version (21 for 1.21) is older than the library's; ONNX Runtime's C API is append-only and
 # a newer library serves older API versions, so these headers work with the wheel's newer library. The binary
 # links against the wheel's library itself (its symbols are versioned VERS_<release>), so it runs only with
 # that release: re-run this script after upgrading onnxruntime. Environment:
-#   PYTHON            the Python whose onnxruntime wheel provides the library (default: ../.venv/bin/python)
+#   PYTHON            the Python whose onnxruntime wheel provides the library (default: ../.venv/bin/python);
+#                     for the C++ cuda provider, one with onnxruntime-gpu installed
+#   ORT_OUT           where headers and library go (default cpp/third_party/onnxruntime; CMake's
+#                     -DONNXRUNTIME_ROOT takes another)
 #   ORT_DEB_SUITE     Debian suite for the headers (default trixie), ORT_DEB_VERSION (default: that suite's)
 #   DEBIAN_MIRROR     the archive to fetch them from (default: the machine's own Debian mirror)
 #   SKIP_APT_INSTALL  set to 1 to not apt-get install the system packages (then they must be present)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-OUT="$HERE/third_party/onnxruntime"
+OUT="${ORT_OUT:-$HERE/third_party/onnxruntime}"
 PYTHON="${PYTHON:-$HERE/../.venv/bin/python}"
 SUITE="${ORT_DEB_SUITE:-trixie}"
 WORK="$HERE/third_party/.apt"
@@ -68,4 +74,13 @@ if ! cmp -s "$capi/$so" "$OUT/lib/$so"; then
 fi
 ln -sfn "$so" "$OUT/lib/libonnxruntime.so.1"
 ln -sfn libonnxruntime.so.1 "$OUT/lib/libonnxruntime.so"
-echo "fetch_deps: ONNX Runtime headers $(cat "$OUT/include/DEBIAN_VERSION") (Debian $SUITE), library $so -> $OUT"
+# Provider libraries: whatever this wheel ships (onnxruntime-gpu: shared, cuda, tensorrt; the CPU wheel none),
+# and none left over from an earlier wheel.
+providers=()
+for lib in "$capi"/libonnxruntime_providers_*.so; do [ -e "$lib" ] && providers+=("$(basename "$lib")"); done
+for lib in "$OUT"/lib/libonnxruntime_providers_*.so; do
+  [ -e "$lib" ] && [[ " ${providers[*]} " != *" $(basename "$lib") "* ]] && rm -f "$lib"
+done
+for lib in "${providers[@]}"; do cmp -s "$capi/$lib" "$OUT/lib/$lib" || cp "$capi/$lib" "$OUT/lib/$lib"; done
+echo "fetch_deps: ONNX Runtime headers $(cat "$OUT/include/DEBIAN_VERSION") (Debian $SUITE), library $so" \
+  "${providers[@]:+(providers: ${providers[*]})} -> $OUT"

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.translator import open_translator
-from conftest import translate_cpp as translate
+from conftest import CPP, translate_cpp as translate
 
 pytestmark = pytest.mark.slow
 
@@ -33,19 +36,25 @@ def test_sentences() -> list[str]:
     return [source for source, _ in get_task("numbers-en-de").split("test")]
 
 
+# --io-binding: the path `provider cuda` always takes (decoder state kept in the provider's memory through
+# Ort::IoBinding, beam rows moved by a Gather session), run on the CPU provider.
+BINDINGS = pytest.mark.parametrize("binding", [(), ("--io-binding",)], ids=["host", "io-binding"])
+
+
+@BINDINGS
 @pytest.mark.parametrize("beam", [1, 4])
-def test_cpp_matches_python_runtime(cpp_build, demo_artifact, test_sentences, beam):
+def test_cpp_matches_python_runtime(cpp_build, demo_artifact, test_sentences, beam, binding):
     translator, backend = open_translator(demo_artifact, "ort-cpu", options=DecodeOptions(beam_size=beam))
     with backend:
         py_text = translator.translate(test_sentences)
         sources = translator.encode(test_sentences)
         py_ids = translator.translate_ids(sources)
 
-    text = translate(cpp_build, demo_artifact, test_sentences, "--beam", beam)
+    text = translate(cpp_build, demo_artifact, test_sentences, "--beam", beam, *binding)
     assert text.returncode == 0, text.stderr
     assert_same(f"beam {beam} text", py_text, text.stdout.splitlines())
 
-    ids = translate(cpp_build, demo_artifact, ids_lines(sources), "--beam", beam, "--ids")
+    ids = translate(cpp_build, demo_artifact, ids_lines(sources), "--beam", beam, "--ids", *binding)
     assert ids.returncode == 0, ids.stderr
     assert_same(f"beam {beam} ids", ids_lines(py_ids), ids.stdout.splitlines())
 
@@ -67,10 +76,12 @@ def test_cpp_n_best_matches_python(cpp_build, demo_artifact, test_sentences):
         assert [float(h[0]) for h in line] == pytest.approx([h.score for h in hyps], rel=1e-12, abs=1e-12)
 
 
+@BINDINGS
 @pytest.mark.parametrize("beam, n_best, suppress_eos, max_new_tokens", [
     (1, 1, False, 0), (1, 1, True, 12), (4, 4, False, 0), (4, 2, True, 12), (3, 1, False, 5),
 ])
-def test_cpp_matches_python_on_random_model(cpp_build, tiny_artifact, beam, n_best, suppress_eos, max_new_tokens):
+def test_cpp_matches_python_on_random_model(cpp_build, tiny_artifact, beam, n_best, suppress_eos, max_new_tokens,
+                                            binding):
     """A random model (near-ties everywhere), sentences of many lengths in two batches, and the max_new_tokens
     fallback of beam search: the same hypotheses in the same order, and the same scores."""
     art, _ = tiny_artifact
@@ -81,7 +92,8 @@ def test_cpp_matches_python_on_random_model(cpp_build, tiny_artifact, beam, n_be
     with backend:
         python = translator.decode_ids(sources)
     args = ["--ids", "--scores", "--beam", beam, "--n-best", n_best, "--max-new-tokens", max_new_tokens]
-    proc = translate(cpp_build, art, ids_lines(sources), *args, *(["--suppress-eos"] if suppress_eos else []))
+    proc = translate(cpp_build, art, ids_lines(sources), *args, *(["--suppress-eos"] if suppress_eos else []),
+                     *binding)
     assert proc.returncode == 0, proc.stderr
     cpp = [[(h.split(" ", 1) + [""])[:2] for h in line.split("\t")] for line in proc.stdout.splitlines()]
     assert_same("ids", [[" ".join(map(str, h.tokens)) for h in hyps] for hyps in python],
@@ -111,6 +123,51 @@ def test_cpp_input_errors(cpp_build, demo_artifact, line, message):
     proc = translate(cpp_build, demo_artifact, [line], "--ids")
     assert proc.returncode == 1
     assert message in proc.stderr
+
+
+def test_cpp_cuda_provider_on_a_cpu_build_is_one_clear_error(cpp_build, demo_artifact):
+    proc = translate(cpp_build, demo_artifact, ["three hundred and forty-two"], "--provider", "cuda")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith("error: provider cuda: this ONNX Runtime build has no CUDAExecutionProvider")
+    assert "onnxruntime-gpu" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def fake_wheel(root: Path, providers: list[str]) -> Path:
+    """An interpreter whose `onnxruntime` package is a directory laid out like a wheel's: capi/ with the real
+    libonnxruntime.so.1.* and, like onnxruntime-gpu's, provider libraries beside it."""
+    import onnxruntime
+
+    real = Path(onnxruntime.__file__).parent / "capi"
+    capi = root / "site" / "onnxruntime" / "capi"
+    capi.mkdir(parents=True)
+    (capi.parent / "__init__.py").write_text("")
+    for lib in real.glob("libonnxruntime.so.1.*"):
+        shutil.copyfile(lib, capi / lib.name)
+    for name in providers:
+        (capi / f"libonnxruntime_providers_{name}.so").write_bytes(f"provider {name}".encode())
+    python = root / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={root / 'site'} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    return python
+
+
+def test_fetch_deps_brings_the_gpu_wheels_provider_libraries_and_drops_stale_ones(cpp_build, tmp_path):
+    out = tmp_path / "ort"
+    shutil.copytree(CPP / "third_party" / "onnxruntime" / "include", out / "include")  # headers: no download
+
+    def fetch(python: Path) -> set[str]:
+        env = {**os.environ, "PYTHON": str(python), "ORT_OUT": str(out), "SKIP_APT_INSTALL": "1"}
+        proc = subprocess.run(["bash", str(CPP / "fetch_deps.sh")], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return {p.name for p in (out / "lib").iterdir()}
+
+    gpu = fetch(fake_wheel(tmp_path / "gpu", ["shared", "cuda", "tensorrt"]))
+    assert {"libonnxruntime_providers_shared.so", "libonnxruntime_providers_cuda.so",
+            "libonnxruntime_providers_tensorrt.so", "libonnxruntime.so.1", "libonnxruntime.so"} <= gpu
+    assert (out / "lib" / "libonnxruntime_providers_cuda.so").read_bytes() == b"provider cuda"
+    cpu = fetch(fake_wheel(tmp_path / "cpu", ["shared"]))
+    assert "libonnxruntime_providers_cuda.so" not in cpu and "libonnxruntime_providers_tensorrt.so" not in cpu
+    assert "libonnxruntime_providers_shared.so" in cpu
 
 
 def test_cpp_unit_tests(cpp_build):

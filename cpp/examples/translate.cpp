@@ -11,12 +11,13 @@
 namespace {
 const char* kUsage =
     "usage: twostep-translate ART_DIR [--beam N] [--n-best N] [--length-penalty X] [--threads N]\n"
-    "                         [--provider cpu|cuda] [--ids] [--scores] [--max-new-tokens N] [--suppress-eos]\n"
-    "                         [--batch-size N] [--warmup N --repeat N]\n"
+    "                         [--provider cpu|cuda] [--io-binding] [--ids] [--scores] [--max-new-tokens N]\n"
+    "                         [--suppress-eos] [--batch-size N] [--warmup N --repeat N]\n"
     "Reads one sentence a line from stdin (with --ids: space-separated token ids ending with eos) and prints\n"
     "one line per input: the translation, or with --n-best N the N best, tab-separated (--scores: each\n"
     "preceded by its score and a space). --repeat N decodes the input N more times after --warmup runs and\n"
-    "prints each run's milliseconds to stderr.\n";
+    "prints each run's milliseconds to stderr. --io-binding keeps the decoder state in the provider's memory\n"
+    "(always so with --provider cuda).\n";
 
 template <typename T>
 T parse(const std::string& flag, const std::string& value) {
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
       else if (arg == "--warmup") warmup = parse<int>(arg, value());
       else if (arg == "--repeat") repeat = parse<int>(arg, value());
       else if (arg == "--suppress-eos") decode.suppress_eos = true;
+      else if (arg == "--io-binding") options.io_binding = true;
       else if (arg == "--ids") ids_mode = true;
       else if (arg == "--scores") scores = true;
       else if (arg.rfind("-", 0) == 0 || !dir.empty()) throw twostep::Error("unexpected argument " + arg + "\n" + kUsage);

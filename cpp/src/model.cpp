@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <string>
 
 #include "decoding.h"
 #include "twostep/twostep.h"
@@ -75,13 +77,77 @@ Ort::SessionOptions session_options(const Options& o) {
       std::string list;
       for (const auto& p : have) list += (list.empty() ? "" : ", ") + p;
       throw Error("provider cuda: this ONNX Runtime build has no CUDAExecutionProvider (it has " + list +
-                  "); build against a GPU build of ONNX Runtime with -DONNXRUNTIME_ROOT=...");
+                  "); link a GPU build: cpp/fetch_deps.sh with PYTHON set to an interpreter that has "
+                  "onnxruntime-gpu, or configure with -DONNXRUNTIME_ROOT=<a GPU release of ONNX Runtime>");
     }
-    ort_errors("provider cuda", [&] { so.AppendExecutionProvider_CUDA(OrtCUDAProviderOptions{}); });
+    // The V2 options, for use_tf32: the provider runs fp32 MatMuls on TF32 tensor cores by default, ~1e-3
+    // off the fp32 the artifact was validated in.
+    ort_errors("provider cuda", [&] {
+      const OrtApi& api = Ort::GetApi();
+      OrtCUDAProviderOptionsV2* cuda = nullptr;
+      Ort::ThrowOnError(api.CreateCUDAProviderOptions(&cuda));
+      std::unique_ptr<OrtCUDAProviderOptionsV2, void (*)(OrtCUDAProviderOptionsV2*)> owned(
+          cuda, [](OrtCUDAProviderOptionsV2* p) { Ort::GetApi().ReleaseCUDAProviderOptions(p); });
+      const char* keys[] = {"device_id", "use_tf32"};
+      const char* values[] = {"0", "0"};
+      Ort::ThrowOnError(api.UpdateCUDAProviderOptions(cuda, keys, values, 2));
+      so.AppendExecutionProvider_CUDA_V2(*cuda);
+    });
   } else if (o.provider != "cpu") {
     throw Error("unknown provider '" + o.provider + "': expected cpu or cuda");
   }
   return so;
+}
+
+// A minimal ONNX model, protobuf-encoded by hand (no protobuf library needed): out = Gather(data, indices,
+// axis=0) for one element type and any rank. Beam search's row gathers run it where the cache lives.
+namespace onnx_pb {
+void varint(std::string& out, uint64_t v) {
+  for (; v >= 0x80; v >>= 7) out += static_cast<char>(v | 0x80);
+  out += static_cast<char>(v);
+}
+void field(std::string& out, int number, uint64_t value) {  // wire type 0: varint
+  varint(out, static_cast<uint64_t>(number) << 3);
+  varint(out, value);
+}
+void field(std::string& out, int number, const std::string& bytes) {  // wire type 2: length-delimited
+  varint(out, (static_cast<uint64_t>(number) << 3) | 2);
+  varint(out, bytes.size());
+  out += bytes;
+}
+std::string value_info(const std::string& name, int elem_type) {  // ValueInfoProto, no shape: any rank
+  std::string tensor, type, info;
+  field(tensor, 1, elem_type);  // TypeProto.Tensor.elem_type
+  field(type, 1, tensor);       // TypeProto.tensor_type
+  field(info, 1, name);
+  field(info, 2, type);
+  return info;
+}
+}  // namespace onnx_pb
+
+// IR version 7 and opset 13 (Gather has not changed since): older than any exported graph, so every ONNX
+// Runtime that runs the artifact runs this too.
+std::string gather_model(ONNXTensorElementDataType elem_type) {
+  using onnx_pb::field;
+  std::string axis, node, graph, opset, model;
+  field(axis, 1, std::string("axis"));
+  field(axis, 3, uint64_t{0});   // i
+  field(axis, 20, uint64_t{2});  // type INT
+  for (const char* in : {"data", "indices"}) field(node, 1, std::string(in));
+  field(node, 2, std::string("out"));
+  field(node, 4, std::string("Gather"));
+  field(node, 5, axis);
+  field(graph, 1, node);
+  field(graph, 2, std::string("reorder"));
+  field(graph, 11, onnx_pb::value_info("data", elem_type));
+  field(graph, 11, onnx_pb::value_info("indices", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64));
+  field(graph, 12, onnx_pb::value_info("out", elem_type));
+  field(opset, 1, std::string());
+  field(opset, 2, uint64_t{13});
+  field(model, 1, uint64_t{7});  // ir_version
+  field(model, 7, graph);
+  field(model, 8, opset);
+  return model;
 }
 }  // namespace
 
@@ -100,6 +166,15 @@ struct Model::Impl final : detail::StepSession {
   std::vector<std::pair<size_t, size_t>> self_slots;   // (decoder input past_*_self_i, decoder output present_*)
   std::vector<std::pair<size_t, size_t>> cross_slots;  // (decoder input past_*_cross_i, encoder output present_*)
 
+  // Where the decoder's state lives between steps. Host (provider cpu): Session::Run on host tensors, rows
+  // gathered with memcpy. Bound (provider cuda, or Options::io_binding on the CPU, which runs the same code so
+  // that tests hold it): Ort::IoBinding keeps the self cache and cross K/V in the provider's memory, each
+  // step's presents stay there as the next step's past, and Gather sessions move beam rows there; per step
+  // only the token ids go in and the logits come out.
+  bool bound = false;
+  Ort::MemoryInfo state_memory{nullptr}, host_memory{nullptr};
+  Ort::Session gather_float{nullptr}, gather_int64{nullptr};
+
   // The batch being decoded: the decoder's inputs (in dec_in order), the last logits, the cache length.
   std::vector<Ort::Value> feeds;
   Ort::Value logits{nullptr};
@@ -115,10 +190,26 @@ struct Model::Impl final : detail::StepSession {
     }
   }
 
+  Ort::Session open_gather(const Options& options, ONNXTensorElementDataType type) {
+    const std::string model = gather_model(type);
+    return ort_errors("the beam reorder Gather", [&] {
+      return Ort::Session(env, model.data(), model.size(), session_options(options));
+    });
+  }
+
+  // One graph run; bound, every output stays in state_memory except `to_host` (the logits).
   std::vector<Ort::Value> run(Ort::Session& session, const char* graph, const std::vector<const char*>& in,
-                              const Ort::Value* values, const std::vector<const char*>& out) {
+                              const Ort::Value* values, const std::vector<const char*>& out,
+                              const char* to_host = nullptr) {
     return ort_errors(std::string(graph) + " graph", [&] {
-      return session.Run(Ort::RunOptions{nullptr}, in.data(), values, in.size(), out.data(), out.size());
+      if (!bound) return session.Run(Ort::RunOptions{nullptr}, in.data(), values, in.size(), out.data(), out.size());
+      Ort::IoBinding binding(session);
+      for (size_t i = 0; i < in.size(); ++i) binding.BindInput(in[i], values[i]);
+      for (const char* name : out)
+        binding.BindOutput(name, to_host && std::strcmp(name, to_host) == 0 ? host_memory : state_memory);
+      session.Run(Ort::RunOptions{nullptr}, binding);
+      binding.SynchronizeOutputs();
+      return binding.GetOutputValues();
     });
   }
 
@@ -126,9 +217,23 @@ struct Model::Impl final : detail::StepSession {
     return Ort::Value::CreateTensor(alloc, shape.data(), shape.size(), type);
   }
 
-  // Rows `rows` of a tensor along axis 0, copied into a new tensor.
+  // Rows `rows` of a tensor along axis 0, copied into a new tensor (bound: by a Gather where it lives).
   Ort::Value gather(const Ort::Value& value, const std::vector<int64_t>& rows) {
     const auto info = value.GetTensorTypeAndShapeInfo();
+    if (bound) {
+      Ort::Value indices = tensor({static_cast<int64_t>(rows.size())}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+      std::copy(rows.begin(), rows.end(), indices.GetTensorMutableData<int64_t>());
+      Ort::Session& session = info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 ? gather_int64 : gather_float;
+      return ort_errors("beam reorder", [&] {
+        Ort::IoBinding binding(session);
+        binding.BindInput("data", value);
+        binding.BindInput("indices", indices);
+        binding.BindOutput("out", state_memory);
+        session.Run(Ort::RunOptions{nullptr}, binding);
+        auto out = binding.GetOutputValues();
+        return std::move(out[0]);
+      });
+    }
     std::vector<int64_t> shape = info.GetShape();
     const size_t row_bytes = element_size(info.GetElementType()) * (info.GetElementCount() / shape[0]);
     shape[0] = static_cast<int64_t>(rows.size());
@@ -183,7 +288,7 @@ struct Model::Impl final : detail::StepSession {
                   std::to_string(m.max_positions) + " (max_positions)");
     feeds[ids_slot] = tensor({rows, 1}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
     std::copy(tokens.begin(), tokens.end(), feeds[ids_slot].GetTensorMutableData<int64_t>());
-    auto out = run(decoder, "decoder", dec_in, feeds.data(), dec_out);
+    auto out = run(decoder, "decoder", dec_in, feeds.data(), dec_out, "logits");
     for (const auto& [in, present] : self_slots) feeds[in] = std::move(out[present]);  // present -> next past
     logits = std::move(out[logits_out]);
     ++past_len;
@@ -309,6 +414,14 @@ std::unique_ptr<Model::Impl> Model::Impl::load(const fs::path& dir, const Option
   m.check_external_data();
   x.encoder = x.open(options, m.encoder.file);
   x.decoder = x.open(options, m.decoder.file);
+  x.bound = options.provider == "cuda" || options.io_binding;
+  if (x.bound) {
+    x.state_memory = options.provider == "cuda" ? Ort::MemoryInfo("Cuda", OrtDeviceAllocator, 0, OrtMemTypeDefault)
+                                                : Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
+    x.host_memory = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeCPUOutput);
+    x.gather_float = x.open_gather(options, x.float_type);
+    x.gather_int64 = x.open_gather(options, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+  }
   const fs::path tokenizer = m.dir / m.tokenizer;
   if (!m.tokenizer.empty() && fs::is_regular_file(tokenizer)) {
     if (auto status = x.sp.Load(tokenizer.string()); !status.ok())

@@ -55,7 +55,10 @@ std::set<std::string> external_data_locations(const std::filesystem::path& graph
 
 struct Options {
   int threads = 0;               // intra-op threads; 0: ONNX Runtime's default
-  std::string provider = "cpu";  // "cpu" or "cuda"
+  std::string provider = "cpu";  // "cpu" or "cuda" (fp32 MatMuls with TF32 off, like the Python ort-cuda)
+  // Keep the KV cache and cross K/V in the provider's memory between steps (Ort::IoBinding, rows reordered
+  // there). Always on with "cuda"; with "cpu" it runs the same code path, which is how it is tested here.
+  bool io_binding = false;
 };
 
 struct DecodeOptions {
