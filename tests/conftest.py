@@ -57,6 +57,17 @@ def demo_artifact(tmp_path_factory, demo_model_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def base_export(tmp_path_factory):
+    """The base preset (random weights, vocab 32000) exported once per session: (ExportResult)."""
+    from twostep.exporter.export import export
+    from twostep.model.init import init_checkpoint
+
+    root = tmp_path_factory.mktemp("base")
+    ckpt = init_checkpoint(root / "ckpt", "base", 32000)
+    return export(ckpt.path, root / "art")
+
+
+@pytest.fixture(scope="session")
 def demo_int8(tmp_path_factory, demo_model_dir) -> Path:
     from twostep.exporter.export import export
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import onnx
@@ -13,7 +12,6 @@ from twostep.artifact import load_artifact
 from twostep.errors import ParityFailure
 from twostep.exporter import validate
 from twostep.exporter.export import export
-from twostep.model.init import init_checkpoint
 from twostep.verify import verify
 from test_cli import twostep
 
@@ -98,11 +96,8 @@ def test_failed_export_leaves_nothing_behind(tiny_ckpt, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_base_preset_exports_and_validates(tmp_path):
-    ckpt = init_checkpoint(tmp_path / "base", "base", 32000)
-    started = time.perf_counter()
-    result = export(ckpt.path, tmp_path / "art")
-    print(f"base preset export + validation: {time.perf_counter() - started:.1f}s")
+def test_base_preset_exports_and_validates(base_export):
+    result = base_export
     assert result.report.ok and result.report.cases == 42
     assert load_artifact(result.path).config.d_model == 512
 

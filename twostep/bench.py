@@ -109,6 +109,10 @@ def run_backend(name: str, artifact_dir: Path | None, checkpoint_dir: Path | Non
         options = {"threads": threads} if threads else {}
         if name == "torch":
             options["device"] = device
+        if artifact is not None:
+            options.update(backends.workload_options(
+                name, artifact.config, rows=max(w.batch * w.beam for w in workloads),
+                src_len=max(w.src_len for w in workloads), new_tokens=max(w.new_tokens for w in workloads)))
         backend = backends.create(name, artifact=artifact, checkpoint_dir=checkpoint_dir, **options)
     except TwostepError as exc:
         return [Result(name, w, error=str(exc)) for w in workloads]

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from twostep.errors import TwostepError
+from twostep.runtime.backends.profile import DEFAULT_ROWS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy PyTorch encoder-decoder Transformers as two ONNX graphs with a KV cache.")
@@ -266,25 +267,29 @@ def bench(
 def build_engine_cmd(
     art_dir: Path = typer.Argument(..., help="Artifact directory (fp32 or fp16, exported without --optimize)."),
     fp16: bool = typer.Option(False, "--fp16", help="Let TensorRT use fp16 kernels for an fp32 artifact."),
-    max_batch: int = typer.Option(64, min=1, help="Rows: batch x beam."),
-    max_src_len: int = typer.Option(256, min=1),
-    max_new_tokens: int = typer.Option(256, min=2),
+    tf32: bool = typer.Option(False, "--tf32", help="Let fp32 MatMuls run on TF32 tensor cores (~1e-3 off fp32; "
+                              "recorded as precision tf32). Off by default."),
+    max_batch: int = typer.Option(DEFAULT_ROWS, min=1, help="Rows: batch x beam."),
+    max_src_len: int = typer.Option(256, min=1, help="Capped by the model's max_positions."),
+    max_new_tokens: int = typer.Option(256, min=2, help="Target positions; capped by max_positions less the "
+                                       "steps' new tokens."),
 ) -> None:
-    """Build (or reuse) TensorRT engines for both graphs, with profiles from the manifest's symbolic axes."""
+    """Build (or reuse) TensorRT engines for both graphs, with the profile the trt backend derives from the
+    manifest: the engines written here are the ones `--backend trt` finds."""
     from twostep.artifact import load_artifact
     from twostep.runtime import backends
-    from twostep.runtime.backends.trt import Profile, build_engine
+    from twostep.runtime.backends.profile import Profile
+    from twostep.runtime.backends.trt import build_engine, engine_precision
 
     reason = backends.unavailable_reason("trt")
     if reason:
         raise TwostepError(f"TensorRT is not available here: {reason}")
     artifact = load_artifact(art_dir)
-    c = artifact.config
-    profile = Profile(max_batch=max_batch, opt_batch=min(8, max_batch), max_src_len=min(max_src_len, c.max_positions),
-                      opt_src_len=min(32, max_src_len), max_new_tokens=min(max_new_tokens, c.max_positions))
+    profile = Profile.derive(artifact.config, rows=max_batch, src_len=max_src_len, new_tokens=max_new_tokens)
+    precision = engine_precision(artifact, fp16, tf32)
     for graph in artifact.graphs:
-        path = build_engine(artifact, graph, profile, fp16, log=lambda m: err.print(m))
-        out.print(f"{graph}: {path}")
+        path = build_engine(artifact, graph, profile, precision, log=lambda m: err.print(m))
+        out.print(f"{graph}: {path}", markup=False, highlight=False)
 
 
 @app.command()

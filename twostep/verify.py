@@ -78,15 +78,17 @@ def verify(art_dir: Path, ckpt_dir: Path, backend: str = "ort-cpu", beam_size: i
     if ckpt.config != artifact.config:
         raise BadArtifact(f"{art_dir} was not exported from {ckpt_dir}: the model configs differ")
     options = {"device": device} if backend == "torch" else {}
+    options.update(backends.workload_options(backend, artifact.config, rows=batch_size * beam_size))
     candidate = backends.create(backend, artifact=artifact, checkpoint_dir=ckpt_dir, **options)
     with candidate, TorchBackend(ckpt.model, device=device) as reference:
         log(f"graph parity on the shape grid ({backend} vs eager torch)")
-        report = VerifyReport(backend, artifact.precision, compare_graphs(candidate, reference, artifact.precision),
-                              required_share=REQUIRED_AGREEMENT[artifact.precision])
+        precision = candidate.precision  # fp32, tf32 (opted in, or ort-trt), fp16 or int8
+        report = VerifyReport(backend, precision, compare_graphs(candidate, reference, precision),
+                              required_share=REQUIRED_AGREEMENT[precision])
         sources = test_sources(artifact, limit)
         for mode, options in (("greedy", DecodeOptions()), (f"beam{beam_size}", DecodeOptions(beam_size=beam_size))):
             log(f"{mode} decoding of {len(sources)} sentences")
-            s = Specials.of(artifact.config)
+            s = Specials.of(artifact.config, candidate.target_positions)  # both decode as far as it can
             want = Translator(reference.session(), s, batch_size=batch_size, options=options).translate_ids(sources)
             got = Translator(candidate.session(), s, batch_size=batch_size, options=options).translate_ids(sources)
             same = [w == g for w, g in zip(want, got)]

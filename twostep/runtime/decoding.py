@@ -27,8 +27,10 @@ class StepSession(Protocol):
     def step(self, input_ids: np.ndarray) -> np.ndarray:
         """Feed new tokens (B, T) int64; return float32 logits of the last position (B, V)."""
 
-    def reorder(self, origin: np.ndarray) -> None:
-        """Keep batch rows `origin` (B',) of the cache, cross K/V and mask: beam search's gather."""
+    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
+        """Keep batch rows `origin` (B',) of the self-attention cache and, unless `cache_only`, of the cross
+        K/V and mask. Beam search expands every row once, then reorders with `cache_only`: beams never leave
+        their sentence's block of rows, where cross K/V and mask are the same."""
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -147,7 +149,7 @@ def beam_search(
         if done.all():
             break
         rows = (np.arange(batch)[:, None] * k + origins).reshape(-1)
-        session.reorder(rows)
+        session.reorder(rows, cache_only=True)  # origins stay within each sentence's block of k rows
         history = np.concatenate([history[rows], next_tokens.reshape(-1, 1)], axis=1)
         scores, tokens = next_scores, next_tokens.reshape(-1, 1)
     for b in range(batch):  # sentences that hit max_new_tokens: their live beams count as finished

@@ -29,8 +29,9 @@ class TorchSession:
         return logits[:, -1].float().cpu().numpy()
 
     @torch.inference_mode()
-    def reorder(self, origin: np.ndarray) -> None:
+    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         index = torch.from_numpy(origin).to(self.device)
-        self.mask = self.mask.index_select(0, index)
-        self.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
         self.past = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.past]
+        if not cache_only:
+            self.mask = self.mask.index_select(0, index)
+            self.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]

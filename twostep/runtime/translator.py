@@ -20,11 +20,13 @@ class Specials:
     eos_id: int
     vocab_size: int  # source vocab: ids must be below it
     max_positions: int
+    target_positions: int  # how far a decode can go: max_positions, or an engine profile's limit
 
     @classmethod
-    def of(cls, config) -> "Specials":
+    def of(cls, config, target_positions: int | None = None) -> "Specials":
         return cls(pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id,
-                   vocab_size=config.src_vocab_size, max_positions=config.max_positions)
+                   vocab_size=config.src_vocab_size, max_positions=config.max_positions,
+                   target_positions=min(target_positions or config.max_positions, config.max_positions))
 
 
 class Translator:
@@ -51,7 +53,7 @@ class Translator:
                 raise BadInput(f"sentence {i + 1} has token ids outside the vocabulary [0, {s.vocab_size}): {bad[:5]}")
 
     def max_new_tokens(self, sources: Sequence[Sequence[int]]) -> int:
-        return min(self.specials.max_positions, 2 * max(len(s) for s in sources) + 16)
+        return min(self.specials.target_positions, 2 * max(len(s) for s in sources) + 16)
 
     def decode_ids(self, sources: Sequence[Sequence[int]]) -> list[list[Hypothesis]]:
         """Token ids in (each ending with eos), n-best hypotheses out (without bos/eos), in input order."""
@@ -65,7 +67,7 @@ class Translator:
                 batch = [sources[i] for i in chunk]
                 outs = decoding.decode(
                     self.session, batch, self.options, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
-                    max_new_tokens=min(self.options.max_new_tokens or self.max_new_tokens(batch), s.max_positions),
+                    max_new_tokens=min(self.options.max_new_tokens or self.max_new_tokens(batch), s.target_positions),
                 )
                 for i, out in zip(chunk, outs):
                     results[i] = out
@@ -110,7 +112,9 @@ def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Pat
         from twostep.artifact import load_artifact
 
         artifact = load_artifact(model_dir)
-        be = backends.create(backend or "ort-cpu", artifact=artifact, checkpoint_dir=checkpoint, **backend_options)
+        name = backend or "ort-cpu"
+        sized = backends.workload_options(name, artifact.config, rows=batch_size * options.beam_size)
+        be = backends.create(name, artifact=artifact, checkpoint_dir=checkpoint, **sized, **backend_options)
         tokenizer_path = artifact.tokenizer_path
     else:
         if backend not in (None, "torch"):
@@ -119,4 +123,4 @@ def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Pat
         be = backends.create("torch", checkpoint_dir=model_dir, **backend_options)
         tokenizer_path = model_dir / "tokenizer.model"
     tokenizer = Tokenizer(tokenizer_path) if tokenizer_path is not None and tokenizer_path.is_file() else None
-    return Translator(be.session(), Specials.of(be.config), tokenizer, batch_size, options), be
+    return Translator(be.session(), Specials.of(be.config, be.target_positions), tokenizer, batch_size, options), be

@@ -58,6 +58,18 @@ def available() -> list[str]:
     return [name for name in BACKENDS if unavailable_reason(name) is None]
 
 
+def workload_options(name: str, config, rows: int, src_len: int | None = None,
+                     new_tokens: int | None = None) -> dict:
+    """Options that size an engine backend (trt, ort-trt) for a workload of `rows` decode rows (batch x
+    beam): the default engine profile when the workload fits it, so cached engines are reused, else a
+    larger one. Other backends take any shape and get nothing."""
+    if name not in ("trt", "ort-trt"):
+        return {}
+    from twostep.runtime.backends.profile import Profile
+
+    return {"profile": Profile.sized_for(config, rows, src_len, new_tokens)}
+
+
 def create(name: str, artifact=None, checkpoint_dir: Path | None = None, **options):
     """A loaded backend. ONNX backends run the artifact (twostep.artifact.Artifact); `torch` the checkpoint."""
     info = backend_info(name)

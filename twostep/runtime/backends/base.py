@@ -22,6 +22,7 @@ NUMPY_DTYPES = {"int64": np.int64, "float32": np.float32, "float16": np.float16}
 
 class Backend(ABC):
     name: str = "?"
+    precision: str = "fp32"  # what it computes in: sets verify's tolerances (fp32, tf32, fp16, int8)
 
     def __init__(self, config: ModelConfig, graphs: dict[str, GraphSpec]):
         self.config, self.graphs = config, graphs
@@ -44,6 +45,11 @@ class Backend(ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @property
+    def target_positions(self) -> int:
+        """Target positions a decode can reach: max_positions, or less where an engine profile says so."""
+        return self.config.max_positions
 
     # -- running -------------------------------------------------------------------------------
     def run(self, graph: str, feeds: Feeds) -> Feeds:
@@ -118,8 +124,9 @@ class HostSession:
         self.position += input_ids.shape[1]
         return np.asarray(out["logits"][:, -1], dtype=np.float32)
 
-    def reorder(self, origin: np.ndarray) -> None:
-        self.state = {name: np.ascontiguousarray(array[origin]) for name, array in self.state.items()}
+    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
+        names = [t.name for t in self.decoder.past_self] if cache_only else list(self.state)
+        self.state.update({name: np.ascontiguousarray(self.state[name][origin]) for name in names})
 
 
 def check_positions(config: ModelConfig, positions: int) -> None:

@@ -10,6 +10,20 @@ from twostep.errors import BackendUnavailable, BadArtifact
 from twostep.runtime.backends.base import Backend, Feeds
 
 
+def installed_ort_wheels() -> list[str]:
+    """The ONNX Runtime distributions installed: onnxruntime and onnxruntime-gpu share one module directory."""
+    from importlib import metadata
+
+    names = []
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        names.append(name)
+    return names
+
+
 def import_ort():
     try:
         import onnxruntime
@@ -25,6 +39,7 @@ class OrtBackend(Backend):
     def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all"):
         super().__init__(artifact.config, artifact.graphs)
         self.artifact, self.threads, self.optimization = artifact, threads, optimization
+        self.precision = artifact.precision
         self.sessions: dict = {}
 
     @classmethod
@@ -35,8 +50,12 @@ class OrtBackend(Backend):
             return str(exc)
         missing = [p for p in cls.providers if p not in ort.get_available_providers()]
         if missing:
-            return (f"this onnxruntime build lacks {', '.join(missing)} (it has "
-                    f"{', '.join(ort.get_available_providers())})")
+            reason = f"this onnxruntime build lacks {', '.join(missing)} (it has {', '.join(ort.get_available_providers())})"
+            if len(installed_ort_wheels()) == 2:
+                reason += ("; onnxruntime and onnxruntime-gpu are both installed and share one module directory, so "
+                           "whichever was installed (or uninstalled) last decides what works: "
+                           "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
+            return reason
         return None
 
     def session_options(self):
@@ -59,11 +78,15 @@ class OrtBackend(Backend):
             path = self.artifact.graph_file(graph)
             try:
                 self.sessions[graph] = ort.InferenceSession(str(path), self.session_options(),
-                                                            providers=self.provider_list())
+                                                            providers=self.provider_list(graph))
             except Exception as exc:  # onnxruntime raises its own exception types for unreadable models
                 raise BadArtifact(f"{path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0][:300]}") from None
 
-    def provider_list(self) -> list:
+    def provider_list(self, graph: str | None = None) -> list:
+        return list(self.providers)
+
+    def gather_providers(self) -> list:
+        """Providers for the beam-reorder Gather sessions (ort_cuda.IoBindingSession)."""
         return list(self.providers)
 
     def _run(self, graph: str, feeds: Feeds) -> Feeds:
@@ -76,8 +99,26 @@ class OrtBackend(Backend):
 
 
 class OrtCudaBackend(OrtBackend):
+    """ONNX Runtime's CUDA provider, with TF32 off for fp32 artifacts (the provider's `use_tf32` defaults to
+    on, which moves fp32 MatMuls ~1e-3 off eager PyTorch); `tf32=True` opts in, recorded as precision "tf32"."""
+
     name = "ort-cuda"
     providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+    def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all", tf32: bool = False):
+        super().__init__(artifact, threads, optimization)
+        self.tf32 = tf32
+        if tf32 and artifact.precision == "fp32":
+            self.precision = "tf32"
+
+    def cuda_provider(self) -> tuple[str, dict]:
+        return ("CUDAExecutionProvider", {"use_tf32": "1" if self.tf32 else "0"})
+
+    def provider_list(self, graph: str | None = None) -> list:
+        return [self.cuda_provider(), "CPUExecutionProvider"]
+
+    def gather_providers(self) -> list:
+        return [self.cuda_provider()]
 
     def session(self):
         from twostep.runtime.backends.ort_cuda import IoBindingSession
@@ -87,35 +128,67 @@ class OrtCudaBackend(OrtBackend):
 
 
 class OrtTrtBackend(OrtCudaBackend):
-    """ONNX Runtime's TensorRT execution provider, with its engine cache in the artifact directory."""
+    """ONNX Runtime's TensorRT execution provider, with its engine cache in the artifact directory and the
+    profile `twostep build-engine` and the trt backend use. Its options have no TF32 switch (TensorRT's
+    default, on, stays), so an fp32 artifact runs as precision "tf32" here."""
 
     name = "ort-trt"
     providers = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 
+    def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all", tf32: bool = False,
+                 profile=None):
+        from twostep.runtime.backends.profile import Profile
+
+        super().__init__(artifact, threads, optimization, tf32)
+        self.profile = profile or Profile.derive(artifact.config)
+        if artifact.precision == "fp32":
+            self.precision = "tf32"
+
+    @property
+    def target_positions(self) -> int:
+        return self.profile.max_new_tokens
+
     def _load(self) -> None:
-        cache = self.artifact.engine_dir("ort-trt")
+        cache = self.artifact.engine_dir("ort-trt")  # created here: the provider does not create parents
         check_ledger(cache)  # ONNX Runtime deserializes what it finds there: only what we recorded
         super()._load()
+        for graph, session in self.sessions.items():
+            running = session.get_providers()
+            if running[0] != "TensorrtExecutionProvider":  # it falls back to CUDA silently when libraries are missing
+                self.sessions.clear()
+                raise BackendUnavailable(
+                    f"ONNX Runtime did not start its TensorRT provider for {graph}.onnx (it runs on "
+                    f"{', '.join(running)}): the TensorRT libraries (libnvinfer) are missing or do not match "
+                    "this onnxruntime-gpu; install them, or use --backend ort-cuda")
         record_ledger(cache)
 
     def _close(self) -> None:
         super()._close()
         record_ledger(self.artifact.engine_dir("ort-trt"))  # engines built for shapes met while running
 
-    def provider_list(self) -> list:
-        from twostep.runtime.backends.trt import Profile
+    def provider_list(self, graph: str | None = None) -> list:
+        """Per graph: each graph's profile names its own inputs once (a name repeated in one option string
+        is read as a second profile)."""
+        if graph is None:
+            raise ValueError("the TensorRT provider's options are per graph")
+        return [("TensorrtExecutionProvider", self.trt_options(graph)), self.cuda_provider(), "CPUExecutionProvider"]
 
-        profile = Profile()
+    def trt_options(self, graph: str) -> dict:
+        inputs = self.graphs[graph].inputs
 
         def shapes(k: int) -> str:
-            return ",".join(f"{t.name}:" + "x".join(map(str, profile.shapes(t.shape)[k]))
-                            for spec in self.graphs.values() for t in spec.inputs)
+            return ",".join(f"{t.name}:" + "x".join(map(str, self.profile.shapes(t.shape)[k])) for t in inputs)
 
-        options = {
+        return {
             "trt_engine_cache_enable": True,
             "trt_engine_cache_path": str(self.artifact.engine_dir("ort-trt")),
             "trt_fp16_enable": self.artifact.precision == "fp16",
             "trt_profile_min_shapes": shapes(0), "trt_profile_opt_shapes": shapes(1),
             "trt_profile_max_shapes": shapes(2),
         }
-        return [("TensorrtExecutionProvider", options), "CUDAExecutionProvider", "CPUExecutionProvider"]
+
+    def session(self):
+        from twostep.runtime.backends.ort_cuda import IoBindingSession
+
+        self.load()
+        return IoBindingSession(self, "cuda", profile=self.profile)

@@ -17,30 +17,37 @@ from twostep.runtime.backends.ort import OrtBackend, import_ort
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
 
 
-def gather_model(dtype: str, opset: int = 17) -> bytes:
-    """out = data[indices] along axis 0, for any rank: beam search's cache reorder, on the device."""
+def gather_model(dtype: str, opset: int) -> bytes:
+    """out = data[indices] along axis 0, for any rank: beam search's cache reorder, on the device. In the
+    exported graphs' opset, stamped with the lowest IR version that opset needs (not the installed onnx's
+    newest, which an older ONNX Runtime refuses): never newer than the graphs themselves."""
     graph = helper.make_graph(
         [helper.make_node("Gather", ["data", "indices"], ["out"], axis=0)], "reorder",
         [helper.make_tensor_value_info("data", ONNX_DTYPES[dtype], None),
          helper.make_tensor_value_info("indices", TensorProto.INT64, ["n"])],
         [helper.make_tensor_value_info("out", ONNX_DTYPES[dtype], None)],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
+    return model.SerializeToString()
 
 
 class IoBindingSession:
-    """`device_type` is "cuda" for ort-cuda; "cpu" runs the same binding logic on the CPU (tests do)."""
+    """`device_type` is "cuda" for ort-cuda and ort-trt; "cpu" runs the same binding logic on the CPU (tests
+    do). `profile`: the TensorRT engine profile (ort-trt), checked before each run."""
 
-    def __init__(self, backend: OrtBackend, device_type: str = "cuda", device_id: int = 0):
+    def __init__(self, backend: OrtBackend, device_type: str = "cuda", device_id: int = 0, profile=None):
         self.ort = import_ort()
-        self.backend, self.device_type, self.device_id = backend, device_type, device_id
+        self.backend, self.device_type, self.device_id, self.profile = backend, device_type, device_id, profile
         self.decoder = backend.graphs["decoder"]
         self.dtype = self.decoder.outputs[0].dtype
+        opset = backend.artifact.manifest["opset"]
         self.gathers = {
-            dtype: self.ort.InferenceSession(gather_model(dtype), providers=backend.provider_list())
+            dtype: self.ort.InferenceSession(gather_model(dtype, opset), providers=backend.gather_providers())
             for dtype in {self.dtype, "int64"}
         }
         self.state: dict = {}
+        self.rows = self.position = 0
 
     def to_device(self, array: np.ndarray):
         return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device_type, self.device_id)
@@ -58,6 +65,8 @@ class IoBindingSession:
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
         self.backend.check_inputs("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
+        if self.profile is not None:
+            self.profile.check({"batch": input_ids.shape[0], "src_len": input_ids.shape[1]})
         mask = self.to_device(attention_mask)
         enc = self.run("encoder", {"input_ids": self.to_device(input_ids), "attention_mask": mask})
         self.state = {"encoder_attention_mask": mask}
@@ -66,19 +75,23 @@ class IoBindingSession:
             self.state[t.name] = self.ort.OrtValue.ortvalue_from_shape_and_type(
                 list(t.concrete(batch=input_ids.shape[0], past_len=0)), NUMPY_DTYPES[t.dtype], self.device_type,
                 self.device_id)
-        self.position = 0
+        self.rows, self.position = input_ids.shape[0], 0
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
         check_positions(self.backend.config, self.position + input_ids.shape[1])
+        if self.profile is not None:
+            self.profile.check({"batch": self.rows, "past_len": self.position, "new_len": input_ids.shape[1]})
         out = self.run("decoder", {"input_ids": self.to_device(input_ids), **self.state})
         for t in self.decoder.past_self:
             self.state[t.name] = out[present_name(t.name)]
         self.position += input_ids.shape[1]
         return np.asarray(out["logits"].numpy()[:, -1], dtype=np.float32)
 
-    def reorder(self, origin: np.ndarray) -> None:
+    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         indices = self.to_device(origin.astype(np.int64))
-        for name, value in self.state.items():
+        names = [t.name for t in self.decoder.past_self] if cache_only else list(self.state)
+        for name in names:
+            value = self.state[name]
             dtype = "int64" if name == "encoder_attention_mask" else self.dtype
             session = self.gathers[dtype]
             binding = session.io_binding()
@@ -87,6 +100,7 @@ class IoBindingSession:
             binding.bind_output("out", self.device_type, self.device_id)
             session.run_with_iobinding(binding)
             self.state[name] = binding.get_outputs()[0]
+        self.rows = len(origin)
 
 
 __all__ = ["IoBindingSession", "gather_model"]

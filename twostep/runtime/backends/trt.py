@@ -1,9 +1,11 @@
 """`trt`: native TensorRT engines built from the artifact's two graphs.
 
-Optimization profiles come from the manifest's symbolic axes (min/opt/max for batch, src_len, past_len,
-new_len; past_len min 0, so the first step is the same engine). Engines are stored in the artifact
-directory under `engines/` with a cache key (graph sha256, TensorRT version, GPU name, precision,
-profile) and reused; each engine has a record with its sha256 and is never deserialized unless it matches.
+The optimization profile is `Profile.derive` of the model (min/opt/max for batch, src_len, past_len, new_len;
+past_len min 0, so the first step is the same engine), the one `twostep build-engine` uses. Engines are stored
+in the artifact directory under `engines/` with a cache key (graph sha256, TensorRT version, GPU name,
+precision, profile) and reused; each engine has a record with its sha256 and is never deserialized unless it
+matches. fp32 engines are built with TF32 off (TensorRT turns it on by default, and it moves fp32 MatMuls
+~1e-3 off eager PyTorch); `tf32=True` opts in and is recorded as precision "tf32".
 Execution uses TensorRT's tensor-address API (`set_input_shape`, `set_tensor_address`, `execute_async_v3`)
 on one CUDA stream; device buffers are torch CUDA tensors shared with the decoding
 loop, and the KV cache never leaves the GPU. Written for TensorRT 10 and 11.
@@ -13,10 +15,11 @@ Imported only when the trt backend is chosen.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +28,8 @@ from twostep.artifact import Artifact
 from twostep.errors import BackendUnavailable, BadArtifact, BadInput
 from twostep.exporter.spec import present_name
 from twostep.files import write_file_atomic
-from twostep.runtime.backends.base import Backend, Feeds
+from twostep.runtime.backends.base import Backend, Feeds, check_positions
+from twostep.runtime.backends.profile import Profile
 
 INSTALL = "pip install 'twostep[trt]' (TensorRT 10 or 11 wheels) on a machine with an NVIDIA GPU and CUDA"
 
@@ -38,37 +42,32 @@ def import_trt():
     return tensorrt
 
 
-@dataclass(frozen=True)
-class Profile:
-    """min/opt/max per symbolic axis; --max-batch counts rows, so beam search needs batch x beam."""
+def gpu_name() -> str:
+    import torch
 
-    max_batch: int = 64
-    opt_batch: int = 8
-    max_src_len: int = 256
-    opt_src_len: int = 32
-    max_new_tokens: int = 256
-    max_new_len: int = 16
+    return torch.cuda.get_device_name()
 
-    def axis(self, name: str) -> tuple[int, int, int]:
-        return {
-            "batch": (1, self.opt_batch, self.max_batch),
-            "src_len": (1, self.opt_src_len, self.max_src_len),
-            "past_len": (0, self.max_new_tokens // 4, self.max_new_tokens - 1),
-            "new_len": (1, 1, self.max_new_len),
-        }[name]
 
-    def shapes(self, dims) -> tuple[tuple[int, ...], ...]:
-        """(min, opt, max) shapes of one input from its declared dims."""
-        out = []
-        for k in range(3):
-            out.append(tuple(self.axis(d)[k] if isinstance(d, str) else d for d in dims))
-        return tuple(out)
+def engine_precision(artifact: Artifact, fp16: bool = False, tf32: bool = False) -> str:
+    """What an engine computes in: "fp16" (an fp16 artifact, or --fp16), "tf32" (opted in), else "fp32"."""
+    if artifact.precision == "int8" or artifact.manifest.get("fusions"):
+        raise BadArtifact(f"{artifact.path}: TensorRT builds fp32 or fp16 artifacts exported without --optimize; "
+                          "re-export with --dtype fp32 or fp16")
+    if fp16 or artifact.precision == "fp16":
+        return "fp16"
+    return "tf32" if tf32 else "fp32"
 
 
 def cache_key(artifact: Artifact, graph: str, trt_version: str, gpu: str, precision: str, profile: Profile) -> str:
     parts = {"graph_sha256": artifact.graph_sha256(graph),
              "tensorrt": trt_version, "gpu": gpu, "precision": precision, "profile": asdict(profile)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def engine_path(artifact: Artifact, graph: str, profile: Profile, precision: str) -> Path:
+    """Where the engine for these settings is cached: the one path build-engine and the backend share."""
+    trt = import_trt()
+    return artifact.engine_dir() / f"{graph}-{cache_key(artifact, graph, trt.__version__, gpu_name(), precision, profile)}.plan"
 
 
 def read_engine(plan: Path) -> bytes | None:
@@ -96,20 +95,13 @@ def write_engine(plan: Path, data: bytes, info: dict) -> None:
     write_file_atomic(plan, data)
 
 
-def build_engine(artifact: Artifact, graph: str, profile: Profile, fp16: bool, log=lambda m: None) -> Path:
-    """Parse one graph, build its engine with the profile, store it under engines/; reuse a cached one."""
+def build_engine(artifact: Artifact, graph: str, profile: Profile, precision: str, log=lambda m: None) -> Path:
+    """Parse one graph, build its engine with the profile, store it under engines/; reuse a cached one.
+    `precision` comes from `engine_precision`."""
     trt = import_trt()
-    import torch
-
-    gpu = torch.cuda.get_device_name()
-    precision = "fp16" if fp16 or artifact.precision == "fp16" else "fp32"
-    key = cache_key(artifact, graph, trt.__version__, gpu, precision, profile)
-    path = artifact.engine_dir() / f"{graph}-{key}.plan"
+    path = engine_path(artifact, graph, profile, precision)
     if read_engine(path) is not None:
         return path
-    if artifact.precision == "int8" or artifact.manifest.get("fusions"):
-        raise BadArtifact(f"{artifact.path}: TensorRT builds fp32 or fp16 artifacts exported without --optimize; "
-                          "re-export with --dtype fp32 or fp16")
     log(f"building TensorRT engine for {graph} ({precision}); this takes a minute, then it is cached")
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -124,7 +116,11 @@ def build_engine(artifact: Artifact, graph: str, profile: Profile, fp16: bool, l
         raise BadArtifact(f"{onnx_file}: TensorRT's ONNX parser refused it: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 4 << 30)
-    if fp16 and artifact.precision == "fp32":
+    if precision == "tf32":
+        config.set_flag(trt.BuilderFlag.TF32)
+    else:  # on by default; fp32 parity (and the fp32 islands of an fp16 graph) need it off
+        config.clear_flag(trt.BuilderFlag.TF32)
+    if precision == "fp16" and artifact.precision == "fp32":
         if not hasattr(trt.BuilderFlag, "FP16"):
             raise BadArtifact("this TensorRT has no weakly-typed FP16 flag; export with --dtype fp16 instead")
         config.set_flag(trt.BuilderFlag.FP16)
@@ -135,18 +131,21 @@ def build_engine(artifact: Artifact, graph: str, profile: Profile, fp16: bool, l
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise BadArtifact(f"{onnx_file}: TensorRT could not build an engine (see its log above)")
-    write_engine(path, bytes(serialized), {"graph": graph, "tensorrt": trt.__version__, "gpu": gpu,
+    write_engine(path, bytes(serialized), {"graph": graph, "tensorrt": trt.__version__, "gpu": gpu_name(),
                                            "precision": precision, "profile": asdict(profile)})
     return path
 
 
 class TrtBackend(Backend):
     name = "trt"
+    device = "cuda"  # where its buffers live; only tests, with a stand-in tensorrt module, use "cpu"
 
-    def __init__(self, artifact: Artifact, profile: Profile = Profile(), fp16: bool = False, threads=None,
-                 log=lambda m: None):
+    def __init__(self, artifact: Artifact, profile: Profile | None = None, fp16: bool = False, tf32: bool = False,
+                 threads=None, log=lambda m: None):
         super().__init__(artifact.config, artifact.graphs)
-        self.artifact, self.profile, self.fp16, self.log = artifact, profile, fp16, log
+        self.artifact, self.log = artifact, log
+        self.profile = profile or Profile.derive(artifact.config)
+        self.precision = engine_precision(artifact, fp16, tf32)
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -162,6 +161,13 @@ class TrtBackend(Backend):
             return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
         return None
 
+    @property
+    def target_positions(self) -> int:
+        return self.profile.max_new_tokens
+
+    def engine_paths(self) -> dict[str, Path]:
+        return {graph: engine_path(self.artifact, graph, self.profile, self.precision) for graph in self.graphs}
+
     def _load(self) -> None:
         trt = import_trt()
         import torch
@@ -170,21 +176,34 @@ class TrtBackend(Backend):
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engines, self.contexts = {}, {}
         for graph in self.graphs:
-            plan = build_engine(self.artifact, graph, self.profile, self.fp16, self.log)
+            plan = build_engine(self.artifact, graph, self.profile, self.precision, self.log)
             engine = self.runtime.deserialize_cuda_engine(read_engine(plan))
             if engine is None:
                 raise BadArtifact(f"{plan}: TensorRT cannot deserialize this engine; delete it to rebuild")
             self.engines[graph] = engine
             self.contexts[graph] = engine.create_execution_context()
-        self.stream = torch.cuda.Stream()
-        self.dummy = torch.empty(1, device="cuda")  # an address for zero-size tensors
+        self.stream = torch.cuda.Stream() if self.device == "cuda" else None
+        # TensorRT wants a non-null address for every tensor, distinct per tensor, even an empty one (the
+        # first step's past_len 0 cache): each empty input or output gets its own one-element buffer.
+        self.placeholders = {(graph, t.name): torch.empty(1, device=self.device)
+                             for graph, spec in self.graphs.items() for t in (*spec.inputs, *spec.outputs)}
         self.lock = threading.Lock()  # an execution context runs one call at a time: threads take turns
+
+    def on_stream(self):
+        return self.torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
 
     def torch_dtype(self, graph: str, name: str):
         trt = import_trt()
         t = self.torch
         return {trt.float32: t.float32, trt.float16: t.float16, trt.int64: t.int64, trt.int32: t.int32,
                 trt.bool: t.bool}[self.engines[graph].get_tensor_dtype(name)]
+
+    def address(self, graph: str, name: str, value) -> int:
+        return value.data_ptr() if value.numel() else self.placeholders[graph, name].data_ptr()
 
     def execute(self, graph: str, inputs: dict) -> dict:
         """Run one engine on device tensors (torch CUDA), returning device tensors."""
@@ -196,24 +215,35 @@ class TrtBackend(Backend):
         for t in spec.inputs:
             value = inputs[t.name].contiguous()
             inputs[t.name] = value
-            context.set_input_shape(t.name, tuple(value.shape))
-            context.set_tensor_address(t.name, value.data_ptr() if value.numel() else self.dummy.data_ptr())
+            if not context.set_input_shape(t.name, tuple(value.shape)):  # TensorRT returns False, never raises
+                raise BadInput(self.refused_shape(graph, t, tuple(value.shape)))
+            context.set_tensor_address(t.name, self.address(graph, t.name, value))
         outputs = {}
         for t in spec.outputs:
             shape = tuple(context.get_tensor_shape(t.name))
-            out = self.torch.empty(shape, dtype=self.torch_dtype(graph, t.name), device="cuda")
+            out = self.torch.empty(shape, dtype=self.torch_dtype(graph, t.name), device=self.device)
             outputs[t.name] = out
-            context.set_tensor_address(t.name, out.data_ptr() if out.numel() else self.dummy.data_ptr())
-        if not context.execute_async_v3(self.stream.cuda_stream):
+            context.set_tensor_address(t.name, self.address(graph, t.name, out))
+        handle = self.stream.cuda_stream if self.stream is not None else 0
+        if not context.execute_async_v3(handle):
             raise RuntimeError(f"TensorRT execution of the {graph} engine failed")
         return outputs
 
+    def refused_shape(self, graph: str, spec, shape: tuple[int, ...]) -> str:
+        for dim, size in zip(spec.shape, shape):
+            if isinstance(dim, str):
+                low, _, high = self.profile.axis(dim)
+                if not low <= size <= high:
+                    return (f"{graph}.{spec.name}: {dim} {size} is outside the engine profile ({low}..{high}); "
+                            f"rebuild the engines with twostep build-engine for a larger {dim}")
+        return f"{graph}.{spec.name}: TensorRT refused shape {list(shape)} (profile {asdict(self.profile)})"
+
     def _run(self, graph: str, feeds: Feeds) -> Feeds:
         t = self.torch
-        with t.cuda.stream(self.stream):
-            inputs = {k: t.from_numpy(np.ascontiguousarray(v)).to("cuda") for k, v in feeds.items()}
+        with self.on_stream():
+            inputs = {k: t.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feeds.items()}
             outputs = self.execute(graph, inputs)
-        self.stream.synchronize()
+        self.synchronize()
         return {k: v.float().cpu().numpy() for k, v in outputs.items()}
 
     def session(self) -> "TrtSession":
@@ -233,39 +263,38 @@ class TrtSession:
         self.backend, self.torch = backend, backend.torch
         self.decoder = backend.graphs["decoder"]
         self.state: dict = {}
+        self.rows = self.position = 0
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
-        b = self.backend
+        b, t = self.backend, self.torch
         b.check_inputs("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
-        if input_ids.shape[0] > b.profile.max_batch or input_ids.shape[1] > b.profile.max_src_len:
-            raise BadInput(f"batch {input_ids.shape[0]} x source {input_ids.shape[1]} is outside the engine "
-                           f"profile (max batch {b.profile.max_batch}, max src {b.profile.max_src_len}); "
-                           "rebuild with twostep build-engine --max-batch/--max-src-len")
-        t = self.torch
-        with t.cuda.stream(b.stream):
-            mask = t.from_numpy(attention_mask).to("cuda")
-            enc = b.execute("encoder", {"input_ids": t.from_numpy(input_ids).to("cuda"), "attention_mask": mask})
+        b.profile.check({"batch": input_ids.shape[0], "src_len": input_ids.shape[1]})
+        with b.on_stream():
+            mask = t.from_numpy(attention_mask).to(b.device)
+            enc = b.execute("encoder", {"input_ids": t.from_numpy(input_ids).to(b.device), "attention_mask": mask})
             self.state = {"encoder_attention_mask": mask}
             self.state.update({s.name: enc[present_name(s.name)] for s in self.decoder.past_cross})
             for s in self.decoder.past_self:
                 self.state[s.name] = t.empty(s.concrete(batch=input_ids.shape[0], past_len=0),
-                                             dtype=b.torch_dtype("decoder", s.name), device="cuda")
-        self.position = 0
+                                             dtype=b.torch_dtype("decoder", s.name), device=b.device)
+        self.rows, self.position = input_ids.shape[0], 0
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
         b, t = self.backend, self.torch
-        if self.position + input_ids.shape[1] > b.profile.max_new_tokens:
-            raise BadInput(f"decoding past the engine profile's {b.profile.max_new_tokens} target positions; "
-                           "rebuild with twostep build-engine --max-new-tokens")
-        with t.cuda.stream(b.stream):
-            out = b.execute("decoder", {"input_ids": t.from_numpy(input_ids).to("cuda"), **self.state})
+        check_positions(b.config, self.position + input_ids.shape[1])
+        b.profile.check({"batch": self.rows, "past_len": self.position, "new_len": input_ids.shape[1]})
+        with b.on_stream():
+            out = b.execute("decoder", {"input_ids": t.from_numpy(input_ids).to(b.device), **self.state})
             for s in self.decoder.past_self:
                 self.state[s.name] = out[present_name(s.name)]
             logits = out["logits"][:, -1].float().cpu()
         self.position += input_ids.shape[1]
         return logits.numpy()
 
-    def reorder(self, origin: np.ndarray) -> None:
-        index = self.torch.from_numpy(origin.astype(np.int64)).to("cuda")
-        with self.torch.cuda.stream(self.backend.stream):
-            self.state = {k: v.index_select(0, index) for k, v in self.state.items()}
+    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
+        b = self.backend
+        index = self.torch.from_numpy(origin.astype(np.int64)).to(b.device)
+        names = [s.name for s in self.decoder.past_self] if cache_only else list(self.state)
+        with b.on_stream():
+            self.state.update({k: self.state[k].index_select(0, index) for k in names})
+        self.rows = len(origin)

@@ -1,0 +1,324 @@
+"""What a first run on a GPU would break, held on the CPU (issue 10): TF32, one engine profile derived from the
+model, rows beyond the profile, ort-trt that silently is CUDA, per-graph TensorRT provider options, the reorder
+Gather's IR version, beam reorder work, empty-tensor addresses, install order.
+
+TensorRT itself is replaced by tests/fake_tensorrt.py: it records flags, profiles and addresses, returns False
+from set_input_shape outside the profile like TensorRT, and runs each engine's graph with ONNX Runtime on the
+CPU at the addresses it is given, so the trt backend's own binding code decodes real tokens here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from twostep.artifact import load_artifact
+from twostep.errors import BackendUnavailable, BadInput
+from twostep.runtime import backends, decoding
+from twostep.runtime.backends.ort import OrtBackend, OrtCudaBackend, OrtTrtBackend
+from twostep.runtime.backends.profile import Profile
+
+COMMON = dict(bos_id=2, eos_id=3, pad_id=0)
+SOURCES = [[5, 9, 13, 7, 3], [11, 3], [8, 8, 21, 33, 40, 12, 6, 3]]
+
+
+@pytest.fixture()
+def fake_trt(monkeypatch):
+    import fake_tensorrt
+
+    from twostep.runtime.backends import trt
+
+    fake_tensorrt.calls.clear()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt)
+    monkeypatch.setattr(trt, "gpu_name", lambda: "Fake GPU 80GB")
+    monkeypatch.setattr(trt.TrtBackend, "device", "cpu")
+    monkeypatch.setattr(trt.TrtBackend, "unavailable", classmethod(lambda cls: None))
+    return fake_tensorrt
+
+
+@pytest.fixture()
+def demo_copy(demo_artifact, tmp_path):
+    """Engines are written into the artifact: each test gets its own copy."""
+    return shutil.copytree(demo_artifact, tmp_path / "art")
+
+
+def builds(fake) -> list[dict]:
+    return [c[1] for c in fake.calls if c[0] == "build"]
+
+
+# -- 1. TF32 ------------------------------------------------------------------------------------------------
+def test_fp32_engines_build_with_tf32_off_and_tf32_is_an_opt_in_precision(fake_trt, demo_copy):
+    from twostep.runtime.backends.trt import TrtBackend
+
+    artifact = load_artifact(demo_copy)
+    with TrtBackend(artifact) as fp32:
+        assert fp32.precision == "fp32"
+        plain = fp32.engine_paths()
+    assert [b["flags"] for b in builds(fake_trt)] == [[], []]  # TF32 cleared on both graphs
+    fake_trt.calls.clear()
+    with TrtBackend(artifact, tf32=True) as tf32:
+        assert tf32.precision == "tf32"
+        opted = tf32.engine_paths()
+    assert [b["flags"] for b in builds(fake_trt)] == [["TF32"], ["TF32"]]
+    assert set(plain.values()).isdisjoint(opted.values())  # precision is in the cache key
+    records = [json.loads(p.with_suffix(".json").read_text())["precision"] for p in opted.values()]
+    assert records == ["tf32", "tf32"]
+
+
+def test_onnx_runtime_cuda_runs_fp32_with_tf32_off(demo_artifact):
+    artifact = load_artifact(demo_artifact)
+    cuda = OrtCudaBackend(artifact)
+    assert cuda.provider_list("decoder")[0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
+    assert cuda.precision == "fp32"
+    opted = OrtCudaBackend(artifact, tf32=True)
+    assert opted.provider_list("decoder")[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
+    assert opted.precision == "tf32"
+    # ORT's TensorRT provider has no TF32 switch, so its fp32 runs are held to the tf32 tolerances
+    assert OrtTrtBackend(artifact).precision == "tf32"
+
+
+# -- 2. One profile, derived once ---------------------------------------------------------------------------
+def corner_feeds(artifact, profile: Profile, k: int) -> dict[str, dict[str, np.ndarray]]:
+    """Inputs of both graphs at corner k (0 min, 1 opt, 2 max) of the profile, with valid values."""
+    c, rng = artifact.config, np.random.default_rng(k)
+    feeds = {}
+    for graph, spec in artifact.graphs.items():
+        feeds[graph] = {}
+        for t in spec.inputs:
+            shape = profile.shapes(t.shape)[k]
+            if t.dtype == "int64" and t.name == "input_ids":
+                vocab = c.src_vocab_size if graph == "encoder" else c.tgt_vocab_size
+                feeds[graph][t.name] = rng.integers(4, vocab, shape, dtype=np.int64)
+            elif t.dtype == "int64":
+                feeds[graph][t.name] = np.ones(shape, np.int64)
+            else:
+                feeds[graph][t.name] = rng.standard_normal(shape).astype(t.dtype)
+    return feeds
+
+
+def run_corners(art_dir) -> Profile:
+    artifact = load_artifact(art_dir)
+    profile = Profile.derive(artifact.config)
+    batch_axes = {"min": 0, "opt": 1, "max": 2}
+    low, opt, high = (profile.axis(a) for a in ("past_len", "new_len", "batch"))
+    assert low[2] + opt[2] <= artifact.config.max_positions  # past + new at the max corner
+    sessions = {g: ort.InferenceSession(str(artifact.graph_file(g)), providers=["CPUExecutionProvider"])
+                for g in artifact.graphs}
+    for corner, k in batch_axes.items():
+        for graph, feeds in corner_feeds(artifact, profile, k).items():
+            out = sessions[graph].run(None, feeds)
+            assert all(np.isfinite(o).all() for o in out), (graph, corner)
+    return profile
+
+
+@pytest.mark.parametrize("preset", ["tiny", "demo"])
+def test_every_profile_corner_runs_on_the_real_graphs(preset, tiny_artifact, demo_artifact):
+    art = tiny_artifact[0] if preset == "tiny" else demo_artifact
+    profile = run_corners(art)
+    config = load_artifact(art).config
+    assert profile.max_new_tokens + profile.max_new_len - 1 <= config.max_positions
+    assert profile.axis("past_len")[1] <= profile.axis("past_len")[2]
+
+
+@pytest.mark.slow
+def test_every_profile_corner_runs_on_the_base_preset(base_export):
+    profile = run_corners(base_export.path)
+    assert (profile.max_batch, profile.max_src_len, profile.max_new_tokens) == (64, 256, 256)
+
+
+def test_build_engine_writes_the_engines_the_backend_reuses(fake_trt, demo_copy):
+    from typer.testing import CliRunner
+
+    from twostep.cli import app
+    from twostep.runtime.backends.trt import TrtBackend
+
+    result = CliRunner().invoke(app, ["build-engine", str(demo_copy)])
+    assert result.exit_code == 0, result.output
+    written = dict(line.split(": ", 1) for line in result.stdout.split("\n") if line.strip())
+    assert len(builds(fake_trt)) == 2
+    with TrtBackend(load_artifact(demo_copy)) as backend:
+        assert {g: str(p) for g, p in backend.engine_paths().items()} == written
+        assert len(builds(fake_trt)) == 2  # found in the cache, not built again
+    # ort-trt asks ONNX Runtime's TensorRT provider for the same profile
+    options = OrtTrtBackend(load_artifact(demo_copy)).trt_options("decoder")
+    built = builds(fake_trt)[1]["profile"]
+    assert options["trt_profile_max_shapes"] == ",".join(
+        f"{name}:" + "x".join(map(str, shapes[2])) for name, shapes in built.items())
+
+
+# -- 3. Rows beyond the profile ----------------------------------------------------------------------------
+def test_a_shape_tensorrt_refuses_is_a_bad_input_naming_axis_value_and_max(fake_trt, demo_copy):
+    from twostep.runtime.backends.trt import TrtBackend
+
+    artifact = load_artifact(demo_copy)
+    with TrtBackend(artifact, profile=Profile.derive(artifact.config, rows=4)) as backend:
+        feeds = {"input_ids": np.full((5, 3), 7, np.int64), "attention_mask": np.ones((5, 3), np.int64)}
+        inputs = {k: backend.torch.from_numpy(v) for k, v in feeds.items()}
+        with pytest.raises(BadInput, match=r"encoder.input_ids: batch 5 is outside the engine profile \(1..4\)"):
+            backend.execute("encoder", inputs)  # set_input_shape said False: checked, not ignored
+        assert ("set_input_shape", "input_ids", (5, 3)) in fake_trt.calls
+        with pytest.raises(BadInput, match=r"batch 8 is outside the engine profile \(1..4\).*--max-batch"):
+            decoding.beam_search(backend.session(), SOURCES[:2], beam_size=4, max_new_tokens=5, **COMMON)
+
+
+def test_verify_bench_and_translate_size_the_profile_for_batch_times_beam(fake_trt, demo_copy, demo_model_dir):
+    from twostep.bench import Workload, run_backend
+    from twostep.runtime.translator import open_translator
+    from twostep.verify import verify
+
+    config = load_artifact(demo_copy).config
+    assert backends.workload_options("trt", config, rows=8) == {"profile": Profile.derive(config)}  # reuse
+    assert backends.workload_options("ort-trt", config, rows=128)["profile"].max_batch == 128
+    assert backends.workload_options("ort-cpu", config, rows=128) == {}
+
+    report = verify(demo_copy, demo_model_dir, "trt", beam_size=4, batch_size=32, limit=40)
+    assert report.ok, [s.to_dict() for s in report.sequences]
+    assert [b["profile"]["input_ids"][2][0] for b in builds(fake_trt)] == [128, 128]  # 32 x 4 rows
+    translator, backend = open_translator(demo_copy, "trt", batch_size=20,
+                                          options=decoding.DecodeOptions(beam_size=4))
+    assert backend.profile.max_batch == 80
+    assert translator.translate(["seven hundred and two"]) == ["siebenhundertzwei"]
+    results = run_backend("trt", demo_copy, None, [Workload(batch=24, new_tokens=4, beam=4)], 0, 1, None)
+    assert [r.error for r in results] == [None]
+
+
+# -- 4. ort-trt is TensorRT or nothing ---------------------------------------------------------------------
+def test_ort_trt_that_falls_back_to_cuda_is_unavailable(demo_copy, monkeypatch):
+    # get_available_providers() lists TensorRT even without its libraries; the session then quietly runs on
+    # the next provider. Here, as on such a machine: the provider is "available" but the session is CPU.
+    monkeypatch.setattr(OrtTrtBackend, "unavailable", classmethod(lambda cls: None))
+    with pytest.warns(UserWarning), pytest.raises(BackendUnavailable, match=r"did not start its TensorRT provider "
+                                                                              r"for encoder.onnx.*CPUExecutionProvider"):
+        backends.create("ort-trt", artifact=load_artifact(demo_copy))
+
+
+# -- 5. TensorRT provider options per graph -----------------------------------------------------------------
+def test_ort_trt_options_name_each_graph_input_once_and_the_cache_exists(demo_copy):
+    artifact = load_artifact(demo_copy)
+    backend = OrtTrtBackend(artifact)
+    profile = Profile.derive(artifact.config)
+    for graph, spec in artifact.graphs.items():
+        trt, cuda, cpu = backend.provider_list(graph)
+        assert trt[0] == "TensorrtExecutionProvider" and cuda == ("CUDAExecutionProvider", {"use_tf32": "0"})
+        for k, key in enumerate(("trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes")):
+            entries = [e.split(":") for e in trt[1][key].split(",")]
+            assert [name for name, _ in entries] == spec.input_names  # each input once, this graph's only
+            assert [tuple(map(int, dims.split("x"))) for _, dims in entries] == [
+                profile.shapes(t.shape)[k] for t in spec.inputs]
+    cache = demo_copy / "engines" / "ort-trt"
+    assert trt[1]["trt_engine_cache_path"] == str(cache) and cache.is_dir()
+    assert backend.gather_providers() == [("CUDAExecutionProvider", {"use_tf32": "0"})]  # no TensorRT
+
+
+# -- 6. The reorder Gather's IR version ---------------------------------------------------------------------
+def test_reorder_gather_model_is_never_newer_than_the_exported_graphs(demo_artifact, demo_int8):
+    from twostep.runtime.backends.ort_cuda import gather_model
+
+    for art in (demo_artifact, demo_int8):
+        artifact = load_artifact(art)
+        graph = onnx.load(str(artifact.graph_file("decoder")), load_external_data=False)
+        opset = artifact.manifest["opset"]
+        for dtype in ("float32", "float16", "int64"):
+            model = onnx.load_from_string(gather_model(dtype, opset))
+            assert model.ir_version <= graph.ir_version
+            assert [o.version for o in model.opset_import] == [opset]
+            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            data = np.arange(24).reshape(4, 3, 2).astype(dtype)
+            (out,) = session.run(None, {"data": data, "indices": np.array([2, 2, 0])})
+            np.testing.assert_array_equal(out, data[[2, 2, 0]])
+
+
+# -- 7. Beam reorder work -----------------------------------------------------------------------------------
+class CountingGather:
+    def __init__(self, session, counter: list):
+        self.session, self.counter = session, counter
+
+    def io_binding(self):
+        return self.session.io_binding()
+
+    def run_with_iobinding(self, binding):
+        self.counter.append(1)
+        return self.session.run_with_iobinding(binding)
+
+
+def test_beam_search_expands_cross_kv_once_then_reorders_only_the_self_cache(demo_artifact):
+    from twostep.runtime.backends.ort_cuda import IoBindingSession
+
+    with OrtBackend(load_artifact(demo_artifact)) as backend:
+        layers = backend.config.n_decoder_layers
+        bound, gathers = IoBindingSession(backend, "cpu"), []
+        bound.gathers = {k: CountingGather(s, gathers) for k, s in bound.gathers.items()}
+        reorders = []
+        original = bound.reorder
+        bound.reorder = lambda origin, cache_only=False: (reorders.append(cache_only), original(origin, cache_only))
+        got = decoding.beam_search(bound, SOURCES, beam_size=4, max_new_tokens=12, **COMMON)
+        assert reorders[0] is False and all(reorders[1:]) and len(reorders) > 2
+        assert len(gathers) == (4 * layers + 1) + 2 * layers * (len(reorders) - 1)
+
+        host = backend.session()
+        cross = {}
+        original_step = host.step
+
+        def step(tokens):
+            cross.setdefault("first", {k: v for k, v in host.state.items() if "cross" in k or "mask" in k})
+            assert all(host.state[k] is v for k, v in cross["first"].items())  # never copied again
+            return original_step(tokens)
+
+        host.step = step
+        want = decoding.beam_search(host, SOURCES, beam_size=4, max_new_tokens=12, **COMMON)
+    assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in want]
+
+
+# -- 8. Distinct addresses for empty tensors; max_positions in the trt step ---------------------------------
+def test_empty_tensors_get_distinct_non_null_addresses(fake_trt, demo_copy):
+    from twostep.runtime.backends.trt import TrtBackend
+
+    with TrtBackend(load_artifact(demo_copy)) as backend, OrtBackend(load_artifact(demo_copy)) as cpu:
+        got = decoding.greedy(backend.session(), SOURCES, max_new_tokens=12, **COMMON)
+        assert got == decoding.greedy(cpu.session(), SOURCES, max_new_tokens=12, **COMMON)
+    first_step = next(c[2] for c in fake_trt.calls if c[0] == "execute" and c[1].endswith("decoder.onnx"))
+    assert all(first_step.values()), "a null address"
+    assert len(set(first_step.values())) == len(first_step), "two tensors share an address"
+
+
+def test_trt_step_stops_at_max_positions_like_the_host_session(fake_trt, demo_copy):
+    from twostep.runtime.backends.trt import TrtBackend
+
+    artifact = load_artifact(demo_copy)
+    loose = Profile(max_batch=4, opt_batch=1, max_src_len=16, opt_src_len=8, max_new_tokens=10_000,
+                    opt_past_len=4, max_new_len=4)  # a profile that would not stop it
+    with TrtBackend(artifact, profile=loose) as backend:
+        session = backend.session()
+        session.start(np.array([[5, 6, 3]]), np.ones((1, 3), np.int64))
+        session.position = artifact.config.max_positions - 1
+        with pytest.raises(BadInput, match=r"decoding past max_positions 128"):
+            session.step(np.array([[4, 4]]))
+
+
+# -- 10. Install order --------------------------------------------------------------------------------------
+def test_both_onnxruntime_wheels_installed_is_diagnosed_with_the_fix(monkeypatch):
+    from twostep.runtime.backends import ort as ort_backend
+
+    monkeypatch.setattr(ort_backend, "installed_ort_wheels", lambda: ["onnxruntime", "onnxruntime-gpu"])
+    reason = backends.unavailable_reason("ort-cuda")
+    assert "onnxruntime and onnxruntime-gpu are both installed" in reason
+    assert "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu" in reason
+
+
+def test_readme_installs_the_gpu_wheel_after_removing_the_cpu_one():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## GPU"):]
+    section = section[:section.index("\n## ", 4)]
+    lines = [line.strip() for line in section.splitlines()]
+    uninstall = next(i for i, line in enumerate(lines) if line.startswith("pip uninstall -y onnxruntime"))
+    install = next(i for i, line in enumerate(lines) if line.startswith("pip install") and "onnxruntime-gpu" in line)
+    assert uninstall < install
+    assert not any("uninstall" in line and "onnxruntime" in line for line in lines[install + 1:] if line.startswith("pip"))
