@@ -31,3 +31,7 @@ class OutputError(TwostepError):
 
 class SessionBusy(TwostepError):
     """A step session that is already decoding in another thread: a session decodes one batch at a time."""
+
+
+class Overloaded(TwostepError):
+    """A batching translator (or the server over it) whose queue is full or that is shutting down: retry later."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -46,14 +46,42 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarr
     return ids, mask
 
 
+@dataclass
+class RowControl:
+    """What a batching executor adds to a decode. Each sentence has its own max_new_tokens (`limits`, each at
+    most the decode's); `on_done(i, result)` is called as soon as sentence i is finished, with what the decode
+    returns for it; a sentence for which `cancelled(i)` is true is dropped unanswered. Finished and cancelled
+    sentences leave the batch at the next step: their rows of the cache, cross K/V and mask are dropped
+    (`session.reorder`), so the rows still decoding neither wait for them nor compute for them."""
+
+    limits: Sequence[int]
+    on_done: Callable[[int, object], None]
+    cancelled: Callable[[int], bool] = field(default=lambda i: False)
+
+    def leaving(self, live: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Of the sentences `live` (in row order), those that stay: not done, not cancelled."""
+        return np.array([not done[i] and not self.cancelled(int(i)) for i in live], dtype=bool)
+
+
+def sentence_limits(control: RowControl | None, batch: int, max_new_tokens: int) -> np.ndarray:
+    if control is None:
+        return np.full(batch, max_new_tokens)
+    limits = np.asarray(control.limits, dtype=np.int64)
+    if limits.shape != (batch,) or (limits < 1).any() or (limits > max_new_tokens).any():
+        raise ValueError(f"limits must be {batch} values in 1..{max_new_tokens}, got {control.limits}")
+    return limits
+
+
 def greedy(
     session: StepSession, sources: Sequence[Sequence[int]], *, bos_id: int, eos_id: int, pad_id: int,
-    max_new_tokens: int, suppress_eos: bool = False,
+    max_new_tokens: int, suppress_eos: bool = False, control: RowControl | None = None,
 ) -> list[list[int]]:
     """Batched greedy decoding; each result stops before its eos (or at max_new_tokens)."""
     ids, mask = pad_batch(sources, pad_id)
     session.start(ids, mask)
     batch = len(sources)
+    limits = sentence_limits(control, batch, max_new_tokens)
+    live = np.arange(batch)  # the sentence each row decodes
     tokens = np.full((batch, 1), bos_id, dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
     out = np.zeros((batch, max_new_tokens), dtype=np.int64)
@@ -63,13 +91,24 @@ def greedy(
         if suppress_eos:
             logits[:, eos_id] = -np.inf
         next_ids = logits.argmax(-1)
-        out[:, t] = next_ids
-        ended = ~done & (next_ids == eos_id)
-        lengths[ended] = t
-        done |= ended
+        out[live, t] = next_ids
+        is_eos = next_ids == eos_id
+        ended = ~done[live] & (is_eos | (t + 1 >= limits[live]))
+        lengths[live[ended]] = np.where(is_eos[ended], t, t + 1)
+        done[live[ended]] = True
+        if control is not None:
+            for i in live[ended]:
+                control.on_done(int(i), out[i, : lengths[i]].tolist())
         if done.all():
             break
         tokens = next_ids[:, None]
+        if control is not None:
+            stay = control.leaving(live, done)
+            if not stay.any():
+                break
+            if not stay.all():
+                session.reorder(np.flatnonzero(stay))
+                live, tokens = live[stay], tokens[stay]
     return [out[b, : lengths[b]].tolist() for b in range(batch)]
 
 
@@ -96,15 +135,19 @@ class Hypothesis:
 def beam_search(
     session: StepSession, sources: Sequence[Sequence[int]], *, beam_size: int, bos_id: int, eos_id: int,
     pad_id: int, max_new_tokens: int, length_penalty: float = 1.0, n_best: int = 1, suppress_eos: bool = False,
+    control: RowControl | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search. Each sentence keeps `beam_size` live hypotheses; the cache rows follow their beam
     of origin (`session.reorder`). A sentence is done once it has `n_best` finished hypotheses and its best
-    live one, normalised at the current length, cannot beat the worst of them."""
+    live one, normalised at the current length, cannot beat the worst of them; at its max_new_tokens its
+    live beams count as finished."""
     if not 1 <= n_best <= beam_size:
         raise BadInput(f"n_best must be between 1 and the beam size {beam_size}, got {n_best}")
     ids, mask = pad_batch(sources, pad_id)
     session.start(ids, mask)
     batch, k = len(sources), beam_size
+    limits = sentence_limits(control, batch, max_new_tokens)
+    live = np.arange(batch)  # the sentence each block of k rows decodes
     session.reorder(np.repeat(np.arange(batch), k))  # (B*K) rows, sentence-major
     scores = np.full((batch, k), -np.inf)
     scores[:, 0] = 0.0  # the first step expands one beam only
@@ -116,70 +159,99 @@ def beam_search(
     def norm(score: float, length: int) -> float:
         return score / (max(length, 1) ** length_penalty)
 
+    def finish_live_beams(j: int, b: int) -> None:  # at max_new_tokens: live beams count as finished
+        for beam in range(k):
+            if scores[j, beam] > -np.inf:
+                finished[b].append(Hypothesis(history[j * k + beam].tolist(), norm(scores[j, beam], history.shape[1])))
+        finished[b].sort(key=lambda h: -h.score)
+        del finished[b][n_best:]
+        done[b] = True
+
     for t in range(max_new_tokens):
-        logp = log_softmax(session.step(tokens).astype(np.float64))  # (B*K, V)
+        logp = log_softmax(session.step(tokens).astype(np.float64))  # (n*K, V), n = len(live)
         if suppress_eos:
             logp[:, eos_id] = -np.inf
-        vocab = logp.shape[-1]
-        total = (scores[:, :, None] + logp.reshape(batch, k, vocab)).reshape(batch, k * vocab)
-        next_scores = np.full((batch, k), -np.inf)
-        next_tokens = np.full((batch, k), pad_id, dtype=np.int64)
-        origins = np.tile(np.arange(k), (batch, 1))
-        for b in range(batch):
+        vocab, n = logp.shape[-1], len(live)
+        total = (scores[:, :, None] + logp.reshape(n, k, vocab)).reshape(n, k * vocab)
+        next_scores = np.full((n, k), -np.inf)
+        next_tokens = np.full((n, k), pad_id, dtype=np.int64)
+        origins = np.tile(np.arange(k), (n, 1))
+        ended = []
+        for j, b in enumerate(live):
             if done[b]:
                 continue
             kept = 0
-            for flat in top_candidates(total[b], 2 * k):
-                beam, token, score = divmod(int(flat), vocab) + (float(total[b, flat]),)
+            for flat in top_candidates(total[j], 2 * k):
+                beam, token, score = divmod(int(flat), vocab) + (float(total[j, flat]),)
                 if score == -np.inf:
                     break
                 if token == eos_id:
-                    prefix = history[b * k + beam].tolist()
+                    prefix = history[j * k + beam].tolist()
                     finished[b].append(Hypothesis(prefix, norm(score, t + 1)))
                     continue
-                next_scores[b, kept], next_tokens[b, kept], origins[b, kept] = score, token, beam
+                next_scores[j, kept], next_tokens[j, kept], origins[j, kept] = score, token, beam
                 kept += 1
                 if kept == k:
                     break
             finished[b].sort(key=lambda h: -h.score)
             del finished[b][n_best:]
-            best_alive = norm(next_scores[b, 0], t + 1)
+            best_alive = norm(next_scores[j, 0], t + 1)
             if kept == 0 or (len(finished[b]) == n_best and finished[b][-1].score >= best_alive):
                 done[b] = True
+                ended.append(b)
+        if not done.all():
+            rows = (np.arange(n)[:, None] * k + origins).reshape(-1)
+            history = np.concatenate([history[rows], next_tokens.reshape(-1, 1)], axis=1)
+            scores, tokens = next_scores, next_tokens.reshape(-1, 1)
+            for j, b in enumerate(live):
+                if not done[b] and t + 1 >= limits[b]:
+                    finish_live_beams(j, b)
+                    ended.append(b)
+        if control is not None:
+            for b in ended:
+                control.on_done(int(b), finished[b])
         if done.all():
             break
-        rows = (np.arange(batch)[:, None] * k + origins).reshape(-1)
-        session.reorder(rows, cache_only=True)  # origins stay within each sentence's block of k rows
-        history = np.concatenate([history[rows], next_tokens.reshape(-1, 1)], axis=1)
-        scores, tokens = next_scores, next_tokens.reshape(-1, 1)
-    for b in range(batch):  # sentences that hit max_new_tokens: their live beams count as finished
+        stay = control.leaving(live, done) if control is not None else np.ones(n, dtype=bool)
+        if stay.all():
+            session.reorder(rows, cache_only=True)  # origins stay within each sentence's block of k rows
+        elif stay.any():  # sentences leave: drop their blocks, cross K/V and mask too
+            blocks = np.repeat(stay, k)
+            session.reorder(rows[blocks])
+            live, history, tokens, scores = live[stay], history[blocks], tokens[blocks], scores[stay]
+        else:
+            live = live[stay]
+            break
+    for j, b in enumerate(live):  # no steps at all (max_new_tokens 0): live beams count as finished
         if not done[b]:
-            for beam in range(k):
-                if scores[b, beam] > -np.inf:
-                    finished[b].append(Hypothesis(history[b * k + beam].tolist(),
-                                                  norm(scores[b, beam], history.shape[1])))
-            finished[b].sort(key=lambda h: -h.score)
-            del finished[b][n_best:]
+            finish_live_beams(j, b)
+            if control is not None:
+                control.on_done(int(b), finished[b])
     return finished
 
 
 def sample(
     session: StepSession, sources: Sequence[Sequence[int]], *, bos_id: int, eos_id: int, pad_id: int,
     max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+    control: RowControl | None = None,
 ) -> list[list[int]]:
-    """Batched sampling with temperature, top-k and nucleus (top-p) filtering; `seed` makes it repeatable."""
+    """Batched sampling with temperature, top-k and nucleus (top-p) filtering. With a `seed` each sentence
+    draws from its own generator, seeded by the seed and the sentence's token ids: the same sentence and seed
+    give the same sample whatever else shares the batch."""
     if temperature <= 0:
         raise BadInput(f"temperature must be positive, got {temperature}")
     if not 0 < top_p <= 1:
         raise BadInput(f"top_p must be in (0, 1], got {top_p}")
-    rng = np.random.default_rng(seed)
+    rngs = [np.random.default_rng(None if seed is None else [seed, len(s), *map(int, s)]) for s in sources]
     ids, mask = pad_batch(sources, pad_id)
     session.start(ids, mask)
     batch = len(sources)
+    limits = sentence_limits(control, batch, max_new_tokens)
+    live = np.arange(batch)  # the sentence each row decodes
     tokens = np.full((batch, 1), bos_id, dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
     out: list[list[int]] = [[] for _ in range(batch)]
-    for _ in range(max_new_tokens):
+    for t in range(max_new_tokens):
         logits = session.step(tokens).astype(np.float64) / temperature
         if top_k > 0:
             kth = np.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
@@ -193,15 +265,26 @@ def sample(
             np.put_along_axis(keep, order, keep_sorted, -1)
             probs = np.where(keep, probs, 0.0)
             probs /= probs.sum(-1, keepdims=True)
-        next_ids = np.array([rng.choice(probs.shape[-1], p=p) for p in probs], dtype=np.int64)
-        for b in np.flatnonzero(~done):
-            if next_ids[b] == eos_id:
+        next_ids = np.array([rngs[b].choice(probs.shape[-1], p=p) for b, p in zip(live, probs)], dtype=np.int64)
+        for row, b in enumerate(live):
+            if done[b]:
+                continue
+            if next_ids[row] != eos_id:
+                out[b].append(int(next_ids[row]))
+            if next_ids[row] == eos_id or t + 1 >= limits[b]:
                 done[b] = True
-            else:
-                out[b].append(int(next_ids[b]))
+                if control is not None:
+                    control.on_done(int(b), out[b])
         if done.all():
             break
         tokens = next_ids[:, None]
+        if control is not None:
+            stay = control.leaving(live, done)
+            if not stay.any():
+                break
+            if not stay.all():
+                session.reorder(np.flatnonzero(stay))
+                live, tokens = live[stay], tokens[stay]
     return out
 
 
@@ -274,18 +357,22 @@ def exclusive(session: StepSession) -> Iterator[None]:
 
 
 def decode(session: StepSession, sources: Sequence[Sequence[int]], options: DecodeOptions, *, bos_id: int,
-           eos_id: int, pad_id: int, max_new_tokens: int) -> list[list[Hypothesis]]:
+           eos_id: int, pad_id: int, max_new_tokens: int, control: RowControl | None = None) -> list[list[Hypothesis]]:
     """One entry point for every strategy; greedy and sampling give one hypothesis with score 0. One decode
-    at a time per session (SessionBusy otherwise)."""
+    at a time per session (SessionBusy otherwise). `control`: see RowControl; its on_done gets hypotheses."""
     common = dict(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id, max_new_tokens=max_new_tokens)
+    single = control
+    if control is not None:  # greedy and sampling report token lists: hand on_done hypotheses
+        single = RowControl(control.limits, lambda i, tokens: control.on_done(i, [Hypothesis(tokens, 0.0)]),
+                            control.cancelled)
     with exclusive(session):
         if options.sampling:
             outs = sample(session, sources, temperature=options.temperature, top_k=options.top_k,
-                          top_p=options.top_p, seed=options.seed, **common)
+                          top_p=options.top_p, seed=options.seed, control=single, **common)
             return [[Hypothesis(o, 0.0)] for o in outs]
         if options.beam_size > 1:
             return beam_search(session, sources, beam_size=options.beam_size,
                                length_penalty=options.length_penalty, n_best=options.n_best,
-                               suppress_eos=options.suppress_eos, **common)
-        outs = greedy(session, sources, suppress_eos=options.suppress_eos, **common)
+                               suppress_eos=options.suppress_eos, control=control, **common)
+        outs = greedy(session, sources, suppress_eos=options.suppress_eos, control=single, **common)
         return [[Hypothesis(o, 0.0)] for o in outs]

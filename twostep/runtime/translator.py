@@ -55,8 +55,11 @@ class Translator:
     def max_new_tokens(self, sources: Sequence[Sequence[int]]) -> int:
         return min(self.specials.target_positions, 2 * max(len(s) for s in sources) + 16)
 
-    def decode_ids(self, sources: Sequence[Sequence[int]]) -> list[list[Hypothesis]]:
-        """Token ids in (each ending with eos), n-best hypotheses out (without bos/eos), in input order."""
+    def decode_ids(self, sources: Sequence[Sequence[int]],
+                   options: DecodeOptions | None = None) -> list[list[Hypothesis]]:
+        """Token ids in (each ending with eos), n-best hypotheses out (without bos/eos), in input order.
+        `options`: this call's, instead of the Translator's."""
+        options = self.options if options is None else options
         self.check_ids(sources)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths share a batch
         results: list[list[Hypothesis]] = [[] for _ in sources]
@@ -66,15 +69,15 @@ class Translator:
                 chunk = order[start : start + self.batch_size]
                 batch = [sources[i] for i in chunk]
                 outs = decoding.decode(
-                    self.session, batch, self.options, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
-                    max_new_tokens=min(self.options.max_new_tokens or self.max_new_tokens(batch), s.target_positions),
+                    self.session, batch, options, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
+                    max_new_tokens=min(options.max_new_tokens or self.max_new_tokens(batch), s.target_positions),
                 )
                 for i, out in zip(chunk, outs):
                     results[i] = out
         return results
 
-    def translate_ids(self, sources: Sequence[Sequence[int]]) -> list[list[int]]:
-        return [hyps[0].tokens if hyps else [] for hyps in self.decode_ids(sources)]
+    def translate_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> list[list[int]]:
+        return [hyps[0].tokens if hyps else [] for hyps in self.decode_ids(sources, options)]
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         if self.tokenizer is None:
@@ -92,12 +95,12 @@ class Translator:
             out.append(self.tokenizer.encode_source(text))
         return out
 
-    def translate(self, texts: Sequence[str]) -> list[str]:
-        return [self.tokenizer.decode(ids) for ids in self.translate_ids(self.encode(texts))]
+    def translate(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
+        return [self.tokenizer.decode(ids) for ids in self.translate_ids(self.encode(texts), options)]
 
-    def translate_nbest(self, texts: Sequence[str]) -> list[list[tuple[str, float]]]:
+    def translate_nbest(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
         return [[(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
-                for hyps in self.decode_ids(self.encode(texts))]
+                for hyps in self.decode_ids(self.encode(texts), options)]
 
 
 def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Path | None = None,

@@ -1,0 +1,226 @@
+"""The batching executor (twostep/serving/executor.py): many callers, one session, real ONNX Runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from twostep.artifact import load_artifact
+from twostep.errors import BadInput, Overloaded
+from twostep.runtime import backends
+from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.tokenizer import Tokenizer
+from twostep.runtime.translator import Specials, Translator
+from twostep.serving.executor import BatchingTranslator, BatchLimits, Metrics
+
+
+class Recorder:
+    """A step session that records every step's rows, can hold the worker inside a step (`gate`), and calls
+    `hook(steps so far)` in each step, in the worker's thread."""
+
+    def __init__(self, inner):
+        self.inner, self.rows, self.hook = inner, [], None
+        self.gate, self.stepped = threading.Event(), threading.Semaphore(0)
+        self.gate.set()
+
+    def start(self, input_ids, attention_mask):
+        self.inner.start(input_ids, attention_mask)
+
+    def step(self, input_ids):
+        self.rows.append(input_ids.shape[0])
+        if self.hook is not None:
+            self.hook(len(self.rows))
+        self.stepped.release()
+        assert self.gate.wait(30), "a test left the gate shut"
+        return self.inner.step(input_ids)
+
+    def reorder(self, origin, cache_only=False):
+        self.inner.reorder(origin, cache_only)
+
+
+class Counting(Metrics):
+    def __init__(self):
+        self.batches, self.tokens = [], 0
+
+    def batch(self, sentences, rows):
+        self.batches.append((sentences, rows))
+
+    def generated(self, tokens):
+        self.tokens += tokens
+
+
+@pytest.fixture(scope="module")
+def demo(demo_artifact):
+    artifact = load_artifact(demo_artifact)
+    with backends.create("ort-cpu", artifact=artifact, threads=2) as backend:
+        yield artifact, backend
+
+
+def make(demo, **limits) -> tuple[BatchingTranslator, Recorder, Counting]:
+    artifact, backend = demo
+    session, metrics = Recorder(backend.session()), Counting()
+    tokenizer = Tokenizer(artifact.tokenizer_path)
+    ex = BatchingTranslator(session, Specials.of(artifact.config), tokenizer, limits=BatchLimits(**limits),
+                            metrics=metrics)
+    return ex, session, metrics
+
+
+@pytest.fixture(scope="module")
+def sentences(test_sentences) -> list[str]:
+    return test_sentences[:96]
+
+
+@pytest.fixture(scope="module")
+def test_sentences() -> list[str]:
+    from twostep.model.tasks import get_task
+
+    return [source for source, _ in get_task("numbers-en-de").split("test")]
+
+
+def sequential(demo, requests, options) -> list:
+    """Each request alone, one after another, through the plain Translator: what callers must get."""
+    artifact, backend = demo
+    plain = Translator(backend.session(), Specials.of(artifact.config), Tokenizer(artifact.tokenizer_path))
+    return [plain.translate_nbest(texts, options) for texts in requests]
+
+
+@pytest.mark.parametrize("options", [DecodeOptions(), DecodeOptions(beam_size=4, n_best=2),
+                                     DecodeOptions(sampling=True, temperature=0.7, top_k=5, seed=11)],
+                         ids=["greedy", "beam4-nbest2", "sampling"])
+def test_concurrent_callers_get_exactly_a_sequential_runs_outputs_in_their_own_order(demo, sentences, options):
+    sizes = [1 + n % 3 for n in range(48)]  # requests of 1, 2 and 3 sentences
+    starts = [sum(sizes[:n]) for n in range(len(sizes))]
+    requests = [sentences[a : a + size] for a, size in zip(starts, sizes) if a + size <= len(sentences)]
+    want = sequential(demo, requests, options)
+    ex, session, metrics = make(demo, max_wait_ms=20)
+    with ex, ThreadPoolExecutor(max_workers=16) as pool:
+        got = list(pool.map(lambda texts: ex.translate_nbest(texts, options), requests))
+    assert [[[text for text, _ in hyps] for hyps in r] for r in got] == [
+        [[text for text, _ in hyps] for hyps in r] for r in want]
+    def scores(results):
+        return [score for r in results for hyps in r for _, score in hyps]
+
+    assert scores(got) == pytest.approx(scores(want), abs=1e-4)
+    assert max(sentences for sentences, _ in metrics.batches) > 1, "16 callers, yet no batch held two sentences"
+    assert sum(s for s, _ in metrics.batches) == sum(map(len, requests))
+    assert metrics.tokens > 0
+
+
+def test_coroutines_share_it_too(demo, sentences):
+    want = sequential(demo, [[s] for s in sentences[:40]], DecodeOptions())
+    ex, _, metrics = make(demo, max_wait_ms=20)
+
+    async def main():
+        return await asyncio.gather(*(ex.translate_async([s]) for s in sentences[:40]))
+
+    with ex:
+        got = asyncio.run(main())
+    assert got == [[r[0][0][0]] for r in want]
+    assert max(s for s, _ in metrics.batches) > 1
+
+
+def test_finished_rows_leave_the_batch_and_their_caller_is_answered_then(demo, test_sentences):
+    short = min(test_sentences, key=len)
+    long = max(test_sentences, key=len)
+    ex, session, _ = make(demo, max_wait_ms=200)
+    answered = {}  # request -> steps run when its caller got the answer (callbacks run in the worker)
+    with ex:
+        futures = [ex.submit_ids(ex.encode([text])) for text in (short, long, short)]
+        for name, f in zip(("short", "long", "short2"), futures):
+            f.add_done_callback(lambda _, name=name: answered.setdefault(name, len(session.rows)))
+        results = [f.result(30) for f in futures]
+    steps = len(session.rows)
+    assert session.rows[0] == 3 and session.rows[-1] == 1  # one batch; the short rows left it
+    assert all(a >= b for a, b in zip(session.rows, session.rows[1:]))
+    assert answered["short"] == answered["short2"] == len(results[0][0][0].tokens) + 1 < steps  # at their eos
+    assert answered["long"] == steps
+
+
+def test_beam_rows_leave_per_sentence(demo, test_sentences):
+    short, long = min(test_sentences, key=len), max(test_sentences, key=len)
+    ex, session, _ = make(demo, max_wait_ms=200)
+    options = DecodeOptions(beam_size=4)
+    with ex:
+        a, b = ex.submit_ids(ex.encode([short]), options), ex.submit_ids(ex.encode([long]), options)
+        a.result(30), b.result(30)
+    assert session.rows[0] == 8 and session.rows[-1] == 4  # 2 sentences x 4 beams, then the long one's 4
+
+
+def test_a_bad_request_among_good_ones_fails_alone(demo, sentences):
+    ex, _, _ = make(demo, max_wait_ms=20)
+    bad = [[5, 9, 999_999, 3]]  # an id outside the vocabulary
+
+    def call(i):
+        if i == 5:
+            return ex.decode_ids(bad)
+        if i == 7:
+            return ex.decode_ids([[5] * 500 + [3]])  # over max_positions
+        return ex.translate([sentences[i]])
+
+    with ex, ThreadPoolExecutor(max_workers=12) as pool:
+        futures = [pool.submit(call, i) for i in range(12)]
+        outcomes = [f.exception() or f.result() for f in futures]
+    assert isinstance(outcomes[5], BadInput) and "outside the vocabulary" in str(outcomes[5])
+    assert isinstance(outcomes[7], BadInput) and "max_positions" in str(outcomes[7])
+    want = sequential(demo, [[sentences[i]] for i in range(12)], DecodeOptions())
+    assert [o for i, o in enumerate(outcomes) if i not in (5, 7)] == [
+        [w[0][0][0]] for i, w in enumerate(want) if i not in (5, 7)]
+
+
+def test_a_full_queue_refuses_at_once_with_overloaded(demo, sentences):
+    ex, session, _ = make(demo, max_queue=3, max_wait_ms=0)
+    session.gate.clear()  # the worker stops inside its first batch's first step
+    with ex:
+        running = ex.submit_ids(ex.encode([sentences[0]]))
+        assert session.stepped.acquire(timeout=30)
+        queued = [ex.submit_ids(ex.encode([s])) for s in sentences[1:4]]  # 3 wait: the queue is full
+        started = time.monotonic()
+        with pytest.raises(Overloaded, match=r"queue is full \(3 sentences waiting, at most 3\)"):
+            ex.submit_ids(ex.encode([sentences[4]]))
+        assert time.monotonic() - started < 1.0
+        with pytest.raises(BadInput, match="at most 3 sentences wait at once"):
+            ex.submit_ids(ex.encode(sentences[:4]))
+        session.gate.set()
+        assert [f.result(30) for f in [running, *queued]]
+    with pytest.raises(Overloaded, match="shutting down"):
+        ex.submit_ids(ex.encode([sentences[0]]))
+
+
+def test_cancelling_a_request_frees_its_rows(demo, test_sentences):
+    long = sorted(test_sentences, key=len)[-3:]
+    ex, session, _ = make(demo, max_wait_ms=200)
+    options = DecodeOptions(suppress_eos=True, max_new_tokens=60)  # 60 steps unless its rows are dropped
+    cancelled = []
+    with ex:
+        keep = ex.submit_ids(ex.encode(long[:1]), options)
+        gone = ex.submit_ids(ex.encode(long[1:]), options)
+        session.hook = lambda steps: steps == 5 and cancelled.append(gone.cancel())  # the caller goes away
+        result = keep.result(60)
+    assert cancelled == [True] and gone.cancelled()
+    assert session.rows == [3] * 5 + [1] * 55  # its two rows left right after the step it was cancelled in
+    assert len(result[0][0].tokens) == 60
+
+
+def test_close_answers_what_was_queued(demo, sentences):
+    ex, session, _ = make(demo, max_wait_ms=50)
+    futures = [ex.submit_ids(ex.encode([s])) for s in sentences[:10]]
+    ex.close()
+    assert all(f.done() and len(f.result()) == 1 for f in futures)
+    assert not ex.worker.is_alive()
+
+
+def test_batches_respect_the_token_and_row_budgets(demo, sentences):
+    ex, _, metrics = make(demo, max_batch_rows=8, max_batch_tokens=10_000, max_wait_ms=100)
+    with ex, ThreadPoolExecutor(max_workers=24) as pool:
+        list(pool.map(lambda s: ex.translate([s], DecodeOptions(beam_size=2)), sentences[:24]))
+    assert all(rows <= 8 for _, rows in metrics.batches)
+    assert max(rows for _, rows in metrics.batches) > 2
+
+
+def test_bad_limits_are_one_bad_input():
+    with pytest.raises(BadInput, match="max_queue must be positive.*max_wait_ms must be 0 or more"):
+        BatchLimits(max_queue=0, max_wait_ms=-1)
