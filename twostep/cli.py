@@ -312,6 +312,69 @@ def inspect(art_dir: Path = typer.Argument(..., help="Artifact directory.")) -> 
         out.print(table)
 
 
+@app.command("serve")
+def serve_cmd(
+    model_dir: Path = typer.Argument(..., help="Artifact directory (any backend) or checkpoint (torch)."),
+    backend: Optional[str] = typer.Option(None, help="Default ort-cpu for artifacts, torch for checkpoints."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on; loopback unless you mean otherwise."),
+    port: int = typer.Option(8000, min=0, max=65535),
+    max_batch_tokens: int = typer.Option(4096, min=1, help="A batch holds at most this many source tokens x beam."),
+    max_batch_rows: int = typer.Option(64, min=1, help="... and at most this many rows (sentences x beam)."),
+    max_wait_ms: float = typer.Option(5.0, min=0, help="How long a batch waits to fill after its first sentence."),
+    max_queue: int = typer.Option(1024, min=1, help="Sentences that may wait; beyond it requests get 503."),
+    max_sentences: int = typer.Option(64, min=1, help="Sentences per request; beyond it 413."),
+    threads: Optional[int] = typer.Option(None, min=1),
+    ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep[ray]')."),
+    address: Optional[str] = typer.Option(None, help="--ray: join this Ray cluster (ray start --head) instead "
+                                          "of starting a local one."),
+    replicas: int = typer.Option(1, min=1, help="--ray: replicas, each with its own model and batcher."),
+    autoscale: Optional[str] = typer.Option(None, help="--ray: MIN:MAX replicas, scaled on ongoing requests."),
+    num_cpus: float = typer.Option(1.0, min=0, help="--ray: CPUs each replica reserves."),
+) -> None:
+    """Serve translations over HTTP: POST /v1/translate, /healthz, /readyz, /metrics (Prometheus)."""
+    from twostep.serving.executor import BatchLimits
+
+    try:
+        from twostep.serving.http import ServeConfig
+    except ImportError as exc:
+        raise TwostepError(f"serving needs its extra: pip install 'twostep[serve]' ({exc})") from None
+    check_servable(model_dir, backend)
+    limits = BatchLimits(max_batch_tokens=max_batch_tokens, max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms,
+                         max_queue=max_queue)
+    config = ServeConfig(str(model_dir.resolve()), backend, threads, limits, max_sentences=max_sentences)
+    if not ray:
+        from twostep.serving.http import serve
+
+        serve(config, host, port)
+        return
+    from twostep.serving import ray_app
+
+    scaling = None
+    if autoscale:
+        try:
+            low, high = (int(x) for x in autoscale.split(":"))
+        except ValueError:
+            raise TwostepError(f"--autoscale takes MIN:MAX, got {autoscale!r}") from None
+        scaling = {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": 2 * max_batch_rows}
+    ray_app.run(config, host, port, replicas, num_cpus, scaling, address)
+
+
+def check_servable(model_dir: Path, backend: Optional[str]) -> None:
+    """Refuse before the server starts: a bad artifact or an unavailable backend is one line, not a traceback
+    from inside uvicorn's startup."""
+    from twostep.artifact import MANIFEST, load_artifact
+    from twostep.runtime import backends
+
+    if (model_dir / MANIFEST).is_file():
+        load_artifact(model_dir)
+    elif not (model_dir / "config.json").is_file():
+        raise TwostepError(f"{model_dir}: neither an artifact directory ({MANIFEST}) nor a checkpoint (config.json)")
+    name = backend or ("ort-cpu" if (model_dir / MANIFEST).is_file() else "torch")
+    reason = backends.unavailable_reason(name)
+    if reason:
+        raise TwostepError(f"backend {name!r} is not available here: {reason}")
+
+
 @app.command("init")
 def init_cmd(
     out_dir: Path = typer.Option(..., "--out"),

@@ -1,0 +1,189 @@
+"""`twostep serve`: a real uvicorn process on a free loopback port, driven over HTTP with httpx."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serving tests need httpx (pip install -e '.[dev]')")
+pytest.importorskip("fastapi", reason="serving needs its extra (pip install -e '.[serve]')")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from twostep.runtime.decoding import DecodeOptions  # noqa: E402
+from twostep.runtime.translator import open_translator  # noqa: E402
+from test_cli import assert_user_error, twostep  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@contextmanager
+def server(art, *args, ready_s: float = 120):
+    """`twostep serve ART --port 0 ...` in its own process; yields (base URL, process). Stopped with SIGTERM."""
+    proc = subprocess.Popen([sys.executable, "-m", "twostep.cli", "serve", str(art), "--host", "127.0.0.1",
+                             "--port", "0", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    url = None
+    deadline = time.monotonic() + ready_s
+    while url is None:
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(10)
+            pytest.fail(f"the server exited before serving ({proc.returncode}):\n{''.join(lines)}")
+        lines.append(line)
+        found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
+        url = found and found.group(1)
+        assert time.monotonic() < deadline, "".join(lines)
+    drain = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # keep the pipe flowing
+    drain.start()
+    proc.log = lines
+    try:
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def demo_server(demo_artifact):
+    with server(demo_artifact, "--max-sentences", 8, "--max-wait-ms", 10) as (url, proc):
+        yield url, proc
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    from twostep.model.tasks import get_task
+
+    return [source for source, _ in get_task("numbers-en-de").split("test")][:64]
+
+
+def post(url, body, **kw):
+    return httpx.post(f"{url}/v1/translate", json=body, timeout=60, **kw)
+
+
+def test_translations_and_scores_match_the_python_runtime(demo_server, demo_artifact, sentences):
+    url, _ = demo_server
+    translator, backend = open_translator(demo_artifact, options=DecodeOptions(beam_size=4, n_best=2))
+    with backend:
+        want = translator.translate_nbest(sentences[:8])
+        want_ids = translator.decode_ids(translator.encode(sentences[:8]))
+    r = post(url, {"text": sentences[:8], "beam": 4, "n_best": 2})
+    assert r.status_code == 200, r.text
+    got = r.json()["translations"]
+    assert [[h["text"] for h in hyps] for hyps in got] == [[t for t, _ in hyps] for hyps in want]
+    assert [h["score"] for hyps in got for h in hyps] == pytest.approx([s for hyps in want for _, s in hyps], abs=1e-4)
+    ids = post(url, {"ids": translator.encode(sentences[:8]), "beam": 4, "n_best": 2}).json()["translations"]
+    assert [[h["tokens"] for h in hyps] for hyps in ids] == [[h.tokens for h in hyps] for hyps in want_ids]
+    assert all("text" not in h for hyps in ids for h in hyps)
+
+
+def test_concurrent_clients_get_their_own_answers(demo_server, demo_artifact, sentences):
+    url, _ = demo_server
+    translator, backend = open_translator(demo_artifact)
+    with backend:
+        want = [translator.translate([s])[0] for s in sentences]
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        got = list(pool.map(lambda s: post(url, {"text": [s]}), sentences))
+    assert [r.status_code for r in got] == [200] * len(sentences)
+    assert [r.json()["translations"][0][0]["text"] for r in got] == want
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 400, "the body is not valid JSON"),
+    ({"text": "one string"}, 400, "text: Input should be a valid list"),
+    ({"text": ["seven"], "beams": 4}, 400, "beams: Extra inputs are not permitted"),
+    ({"text": ["seven"], "ids": [[5, 3]]}, 400, "give either text or ids"),
+    ({}, 400, "give either text or ids"),
+    ({"text": ["seven"], "beam": 0}, 400, "beam size must be an integer >= 1"),
+    ({"text": [""]}, 400, "sentence 1 is empty"),
+    ({"ids": [[5, 999, 3]]}, 400, "outside the vocabulary"),
+    ({"ids": [[5] * 300 + [3]]}, 400, "max_positions"),
+    ({"text": ["seven"] * 9}, 413, "9 sentences in one request; at most 8"),
+    ({"text": ["seven " * 5000]}, 413, "characters in one request; at most 20000"),
+])
+def test_bad_requests_get_one_clear_status_and_message(demo_server, body, status, message):
+    url, _ = demo_server
+    if isinstance(body, bytes):
+        r = httpx.post(f"{url}/v1/translate", content=body, headers={"content-type": "application/json"})
+    else:
+        r = post(url, body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]
+
+
+def test_health_readiness_openapi_and_metrics(demo_server, sentences):
+    url, proc = demo_server
+    assert httpx.get(f"{url}/healthz").json() == {"status": "alive"}
+    assert httpx.get(f"{url}/readyz").json() == {"status": "ready", "backend": "ort-cpu"}
+    schema = httpx.get(f"{url}/openapi.json").json()
+    assert "/v1/translate" in schema["paths"] and "TranslateRequest" in schema["components"]["schemas"]
+    post(url, {"text": sentences[:3]})
+    post(url, {"text": "bad"})
+    text = httpx.get(f"{url}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    by_status = {s.labels["status"]: s.value for s in families["twostep_requests"].samples
+                 if s.name == "twostep_requests_total"}
+    assert by_status["200"] >= 1 and by_status["400"] >= 1
+    assert next(s.value for s in families["twostep_generated_tokens"].samples) > 0
+    assert any(s.name == "twostep_batch_rows_count" and s.value >= 1 for s in families["twostep_batch_rows"].samples)
+    assert any(s.name == "twostep_request_latency_seconds_count" and s.value >= 1
+               for s in families["twostep_request_latency_seconds"].samples)
+    assert [s.value for s in families["twostep_queue_depth"].samples] == [0.0]
+    assert any(re.search(r"POST /v1/translate 200 [\d.]+ ms", line) for line in proc.log)  # a line per request
+
+
+def test_overload_is_503_with_retry_after_and_nothing_is_lost(demo_artifact, sentences):
+    with server(demo_artifact, "--max-queue", 2, "--max-batch-rows", 4) as (url, _):
+        body = {"text": sentences[:2], "beam": 4}
+        with ThreadPoolExecutor(max_workers=48) as pool:
+            replies = list(pool.map(lambda _: post(url, body), range(96)))
+    statuses = [r.status_code for r in replies]
+    assert set(statuses) <= {200, 503} and len(statuses) == 96
+    assert statuses.count(503) > 0, "96 requests against a queue of 2, and none refused"
+    refused = [r for r in replies if r.status_code == 503]
+    assert all(r.headers["retry-after"] == "1" and "queue is full" in r.json()["error"] for r in refused)
+    assert all(len(r.json()["translations"]) == 2 for r in replies if r.status_code == 200)
+
+
+def batches_started(url) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return next(s.value for f in text_string_to_metric_families(text) if f.name == "twostep_batches"
+                for s in f.samples if s.name == "twostep_batches_total")
+
+
+def test_sigterm_answers_requests_in_flight_then_exits(demo_artifact, sentences):
+    long = sorted(sentences, key=len)[-8:]
+    with server(demo_artifact, "--max-batch-rows", 4) as (url, proc):
+        with ThreadPoolExecutor(max_workers=16) as pool:  # 16 x 8 sentences x 4 beams, one sentence a batch
+            futures = [pool.submit(post, url, {"text": long, "beam": 4}) for _ in range(16)]
+            deadline = time.monotonic() + 30
+            while batches_started(url) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not all(f.done() for f in futures), "the requests finished before the signal"
+            proc.send_signal(signal.SIGTERM)
+            replies = [f.result() for f in futures]
+        assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has drained
+    assert [r.status_code for r in replies] == [200] * 16
+    assert all(len(r.json()["translations"]) == 8 for r in replies)
+    assert any("Shutting down" in line for line in proc.log)
+    assert any("twostep.serving INFO stopped" in line for line in proc.log)  # translator closed after the drain
+
+
+def test_serve_refuses_a_bad_artifact_before_starting(tmp_path):
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert_user_error(twostep("serve", str(tmp_path), "--port", "0"), "manifest.json")

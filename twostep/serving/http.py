@@ -1,0 +1,235 @@
+"""`twostep serve`: one BatchingTranslator behind HTTP (FastAPI on uvicorn), with Prometheus metrics.
+
+    POST /v1/translate   {"text": [...]} or {"ids": [[...], ...]}, with decoding options -> hypotheses
+    GET  /healthz        alive          GET /readyz   model loaded and taking requests
+    GET  /metrics        Prometheus text format      GET /openapi.json, /docs
+
+Bad JSON or fields: 400; too many sentences or characters: 413; queue full or draining: 503 with
+Retry-After. The model is opened in the app's lifespan, so the same app runs under uvicorn (`serve`) and as
+a Ray Serve ingress (`twostep.serving.ray_app`). On SIGTERM uvicorn stops accepting, answers what is in
+flight, then the lifespan closes the translator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest)
+from pydantic import BaseModel, ConfigDict, Field
+
+from twostep.errors import BadInput, Overloaded, TwostepError
+from twostep.runtime.decoding import DecodeOptions
+from twostep.serving.executor import BatchLimits, Metrics, open_batching_translator
+
+log = logging.getLogger("twostep.serving")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What a server (or each Ray Serve replica) opens: picklable, so it travels to replicas."""
+
+    model_dir: str
+    backend: Optional[str] = None
+    threads: Optional[int] = None
+    limits: BatchLimits = field(default_factory=BatchLimits)
+    max_sentences: int = 64  # per request
+    max_chars: int = 20_000  # per request, all sentences together
+    retry_after_s: int = 1
+
+
+class TranslateRequest(BaseModel):
+    """Sentences as text, or as token ids (each ending with eos), and how to decode them."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Optional[list[str]] = Field(None, description="Sentences to translate.")
+    ids: Optional[list[list[int]]] = Field(None, description="Token ids instead of text, each ending with eos.")
+    beam: int = Field(1, description="Beam size; 1 is greedy.")
+    n_best: int = 1
+    length_penalty: float = 1.0
+    max_new_tokens: Optional[int] = Field(None, description="Default: 2 x source length + 16.")
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    suppress_eos: bool = Field(False, description="Never end at eos: max_new_tokens tokens each (benchmarks).")
+
+    def options(self) -> DecodeOptions:
+        return DecodeOptions(beam_size=self.beam, n_best=self.n_best, length_penalty=self.length_penalty,
+                             max_new_tokens=self.max_new_tokens, sampling=self.sampling, temperature=self.temperature,
+                             top_k=self.top_k, top_p=self.top_p, seed=self.seed, suppress_eos=self.suppress_eos)
+
+
+class Hypothesis(BaseModel):
+    text: Optional[str] = Field(None, description="Absent for requests sent as ids.")
+    tokens: list[int]
+    score: float
+
+
+class TranslateResponse(BaseModel):
+    translations: list[list[Hypothesis]] = Field(description="Per sentence, in request order: n_best hypotheses.")
+
+
+class PrometheusMetrics(Metrics):
+    def __init__(self, registry: CollectorRegistry):
+        self.requests = Counter("twostep_requests", "HTTP requests to /v1/translate, by status.", ["status"],
+                                registry=registry)
+        self.latency = Histogram("twostep_request_latency_seconds", "Time to answer /v1/translate.",
+                                 buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30), registry=registry)
+        self.batch_rows = Histogram("twostep_batch_rows", "Rows (sentences x beam) of each decode batch.",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=registry)
+        self.batch_sentences = Counter("twostep_batch_sentences", "Sentences put into decode batches.",
+                                       registry=registry)
+        self.batches = Counter("twostep_batches", "Decode batches started.", registry=registry)
+        self.tokens = Counter("twostep_generated_tokens", "Tokens generated (best hypothesis of each sentence).",
+                              registry=registry)
+        self.queue = Gauge("twostep_queue_depth", "Sentences waiting for a batch.", registry=registry)
+
+    def batch(self, sentences: int, rows: int) -> None:
+        self.batches.inc()
+        self.batch_sentences.inc(sentences)
+        self.batch_rows.observe(rows)
+
+    def generated(self, tokens: int) -> None:
+        self.tokens.inc(tokens)
+
+
+def error(status: int, message: str, **headers) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+
+def build_app(config: ServeConfig) -> FastAPI:
+    disable_created_metrics()
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        translator, backend = open_batching_translator(Path(config.model_dir), config.backend, limits=config.limits,
+                                                       metrics=metrics, **({"threads": config.threads}
+                                                                           if config.threads else {}))
+        metrics.queue.set_function(lambda: translator.queue_depth)
+        state.update(translator=translator, backend=backend, ready=True)
+        log.info("serving %s on %s (%s)", config.model_dir, backend.name, asdict(config.limits))
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            await asyncio.to_thread(translator.close)  # queued and running sentences finish first
+            backend.close()
+            log.info("stopped")
+
+    app = FastAPI(title="twostep", summary="Encoder-decoder Transformer translation (two ONNX graphs, KV cache).",
+                  version="1", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.url.path == "/v1/translate":
+            metrics.requests.labels("400").inc()
+        if "json" not in request.headers.get("content-type", ""):
+            return error(400, "bad request: send a JSON object with Content-Type: application/json")
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            return error(400, "bad request: the body is not valid JSON")
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors())
+        return error(400, f"bad request: {problems}")
+
+    @app.middleware("http")
+    async def log_requests(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        log.info("%s %s %d %.1f ms", request.method, request.url.path, response.status_code,
+                 1000 * (time.perf_counter() - started))
+        return response
+
+    @app.post("/v1/translate", response_model=TranslateResponse,
+              responses={400: {"description": "Bad JSON, fields or input"}, 413: {"description": "Too large"},
+                         503: {"description": "Queue full or shutting down; see Retry-After"}})
+    async def translate(body: TranslateRequest, request: Request):
+        started = time.perf_counter()
+        response = await answer(body, request)
+        metrics.requests.labels(str(response.status_code)).inc()
+        metrics.latency.observe(time.perf_counter() - started)
+        return response
+
+    async def answer(body: TranslateRequest, request: Request) -> Response:
+        translator = state.get("translator")
+        if not state.get("ready"):
+            return error(503, "not ready: the model is loading or the server is shutting down",
+                         **{"Retry-After": str(config.retry_after_s)})
+        if (body.text is None) == (body.ids is None):
+            return error(400, "bad request: give either text or ids")
+        sentences = body.text if body.text is not None else body.ids
+        if len(sentences) > config.max_sentences:
+            return error(413, f"{len(sentences)} sentences in one request; at most {config.max_sentences}")
+        chars = sum(map(len, body.text)) if body.text is not None else sum(map(len, body.ids))
+        if chars > config.max_chars:
+            unit = "characters" if body.text is not None else "token ids"
+            return error(413, f"{chars} {unit} in one request; at most {config.max_chars}")
+        try:
+            options = body.options()
+            sources = translator.encode(body.text) if body.text is not None else body.ids
+            future = translator.submit_ids(sources, options)
+        except Overloaded as exc:
+            return error(503, str(exc), **{"Retry-After": str(config.retry_after_s)})
+        except BadInput as exc:
+            return error(400, str(exc))
+        try:
+            results = await until_disconnected(asyncio.wrap_future(future), request)
+        except TwostepError as exc:  # raised while decoding: an engine profile's limit, say
+            return error(400, str(exc))
+        if results is None:  # the client went away; its rows were dropped
+            return Response(status_code=499)
+        decode = translator.tokenizer.decode if body.text is not None else (lambda ids: None)
+        return JSONResponse(TranslateResponse(translations=[
+            [Hypothesis(text=decode(h.tokens), tokens=h.tokens, score=h.score) for h in hyps] for hyps in results
+        ]).model_dump(exclude_none=True))
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    async def readyz():
+        if not state.get("ready"):
+            return error(503, "not ready")
+        return {"status": "ready", "backend": state["backend"].name}
+
+    @app.get("/metrics")
+    async def metrics_endpoint():
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def until_disconnected(pending: asyncio.Future, request: Request, poll_s: float = 0.05):
+    """The result of `pending`, or None (and `pending` cancelled) once the client has disconnected."""
+    while True:
+        done, _ = await asyncio.wait({pending}, timeout=poll_s)
+        if done:
+            return pending.result()
+        if await request.is_disconnected():
+            pending.cancel()
+            return None
+
+
+def serve(config: ServeConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run the server until SIGINT or SIGTERM; in-flight requests are answered before it exits."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    uvicorn.run(build_app(config), host=host, port=port, log_level="info", access_log=False,
+                timeout_graceful_shutdown=60)
+
+
+__all__ = ["ServeConfig", "build_app", "serve"]
