@@ -1,0 +1,255 @@
+"""Load test of `twostep serve`: closed-loop clients (asyncio + httpx) against a real server process.
+
+    python -m benchmarks.serve_load [--work DIR] [--presets demo,base] [--concurrency 1,8,32,64]
+                                    [--requests 96] [--markdown FILE]
+
+Per preset (the bundled demo model; the paper's base model with random weights, vocab 32000):
+1. offline: `twostep bench` at batch 32 (the throughput the server should approach);
+2. one request at a time through the Python API (a Translator, one sentence per call): the baseline a
+   service without batching gets;
+3. the server under C closed-loop clients, each sending one sentence and waiting for its answer:
+   requests/s, generated tokens/s, latency p50/p95/p99, mean batch size (from /metrics);
+4. mixed source lengths (5-60 tokens): short (<= 20) and long (>= 40) sentences' latency, unloaded (1 client)
+   and loaded (32 clients);
+5. overload: twice the largest concurrency against a queue of half of it: 503s, errors, lost requests.
+
+Base preset requests are 32 random source tokens decoding exactly 32 tokens (suppress_eos), like the offline
+bench; demo requests are test-split sentences decoded to their eos. Server and clients share this machine's
+cores, so the server's numbers include the clients' cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+TWOSTEP = [sys.executable, "-m", "twostep.cli"]
+
+
+def prepare(work: Path, preset: str) -> Path:
+    art = work / f"{preset}-art"
+    if (art / "manifest.json").is_file():
+        return art
+    if preset == "demo":
+        ckpt = Path(__file__).resolve().parents[1] / "twostep" / "demo" / "model"
+    else:
+        ckpt = work / f"{preset}-ckpt"
+        subprocess.run([*TWOSTEP, "init", "--preset", preset, "--vocab", "32000", "--out", str(ckpt), "--force"],
+                       check=True, capture_output=True)
+    subprocess.run([*TWOSTEP, "export", str(ckpt), "--out", str(art), "--force"], check=True, capture_output=True)
+    return art
+
+
+def workload(preset: str, art: Path, n: int, seed: int = 0) -> list[dict]:
+    """Request bodies: one sentence each."""
+    if preset == "demo":
+        from twostep.model.tasks import get_task
+
+        sources = [s for s, _ in get_task("numbers-en-de").split("test")]
+        return [{"text": [sources[i % len(sources)]]} for i in range(n)]
+    rng = np.random.default_rng(seed)
+    return [{"ids": [rng.integers(4, 32000, 31).tolist() + [3]], "max_new_tokens": 32, "suppress_eos": True}
+            for _ in range(n)]
+
+
+def mixed(n: int, seed: int = 1) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"ids": [rng.integers(4, 250, int(length) - 1).tolist() + [3]], "max_new_tokens": 32, "suppress_eos": True}
+            for length in rng.integers(5, 61, n)]
+
+
+def offline_bench(art: Path) -> float:
+    proc = subprocess.run([*TWOSTEP, "bench", str(art), "--backend", "ort-cpu", "--batch", "32", "--src-len", "32",
+                           "--new-tokens", "32", "--warmup", "1", "--iters", "3", "--json"],
+                          check=True, capture_output=True, text=True)
+    return json.loads(proc.stdout)[0]["tokens_per_s"]
+
+
+def one_at_a_time(art: Path, bodies: list[dict]) -> dict:
+    """The Python API without batching: one sentence per call, one call after another."""
+    from twostep.runtime.decoding import DecodeOptions
+    from twostep.runtime.translator import open_translator
+
+    translator, backend = open_translator(art, threads=2)
+    latencies, tokens = [], 0
+    with backend:
+        started = time.perf_counter()
+        for body in bodies:
+            options = DecodeOptions(max_new_tokens=body.get("max_new_tokens"), suppress_eos=body.get("suppress_eos", False))
+            sources = body["ids"] if "ids" in body else translator.encode(body["text"])
+            t0 = time.perf_counter()
+            tokens += sum(len(h[0].tokens) for h in translator.decode_ids(sources, options))
+            latencies.append(time.perf_counter() - t0)
+        wall = time.perf_counter() - started
+    return summary(latencies, tokens, wall, len(bodies))
+
+
+def summary(latencies: list[float], tokens: int, wall: float, requests: int, **extra) -> dict:
+    ms = np.array(latencies) * 1000 if latencies else np.zeros(1)
+    return {"requests_per_s": requests / wall, "tokens_per_s": tokens / wall, "p50_ms": float(np.percentile(ms, 50)),
+            "p95_ms": float(np.percentile(ms, 95)), "p99_ms": float(np.percentile(ms, 99)), **extra}
+
+
+class Server:
+    def __init__(self, art: Path, *args):
+        self.proc = subprocess.Popen([*TWOSTEP, "serve", str(art), "--port", "0", "--threads", "2", *map(str, args)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in self.proc.stdout:
+            found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
+            if found:
+                self.url = found.group(1)
+                break
+        else:
+            raise RuntimeError(f"the server exited ({self.proc.wait()})")
+        subprocess.Popen(["cat"], stdin=self.proc.stdout, stdout=subprocess.DEVNULL)  # keep its pipe drained
+
+    def batches(self) -> tuple[float, float]:
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{self.url}/metrics").text)}
+        value = lambda name: next(s.value for s in families[name].samples if s.name == name + "_total")  # noqa: E731
+        return value("twostep_batches"), value("twostep_batch_sentences")
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(120)
+
+
+async def closed_loop(url: str, bodies: list[dict], clients: int, time_limit_s: float = 300) -> dict:
+    """`clients` workers, each sending the next body and waiting for its answer, until every body was sent."""
+    queue = list(reversed(bodies))
+    latencies: list[tuple[float, dict]] = []
+    counts = {"ok": 0, "503": 0, "errors": 0, "tokens": 0}
+    deadline = time.monotonic() + time_limit_s
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        async def worker():
+            while queue and time.monotonic() < deadline:
+                body = queue.pop()
+                t0 = time.perf_counter()
+                try:
+                    r = await client.post("/v1/translate", json=body)
+                except httpx.HTTPError:
+                    counts["errors"] += 1
+                    continue
+                if r.status_code == 200:
+                    counts["ok"] += 1
+                    counts["tokens"] += sum(len(hyps[0]["tokens"]) for hyps in r.json()["translations"])
+                    latencies.append((time.perf_counter() - t0, body))
+                elif r.status_code == 503:
+                    counts["503"] += 1
+                else:
+                    counts["errors"] += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - started
+    sent = len(bodies) - len(queue)
+    counts["lost"] = sent - counts["ok"] - counts["503"] - counts["errors"]
+    return {"wall": wall, "latencies": latencies, "sent": sent, **counts}
+
+
+def run_server_levels(preset: str, art: Path, levels: list[int], n: int) -> dict:
+    out: dict = {"levels": {}}
+    with Server(art, "--max-queue", 4096, "--max-batch-rows", 64) as server:
+        asyncio.run(closed_loop(server.url, workload(preset, art, 8, seed=9), 4))  # warm up
+        for clients in levels:
+            bodies = workload(preset, art, max(n, 2 * clients), seed=clients)
+            b0, s0 = server.batches()
+            r = asyncio.run(closed_loop(server.url, bodies, clients))
+            b1, s1 = server.batches()
+            out["levels"][clients] = summary([lat for lat, _ in r["latencies"]], r["tokens"], r["wall"], r["ok"],
+                                             mean_batch=(s1 - s0) / max(b1 - b0, 1), errors=r["errors"],
+                                             lost=r["lost"], refused=r["503"])
+            console.print(f"{preset} c={clients}: {out['levels'][clients]}")
+        split = {}
+        for label, clients in (("unloaded", 1), ("loaded", 32)):
+            r = asyncio.run(closed_loop(server.url, mixed(max(n, 96)), clients))
+            lengths = [(lat, len(body["ids"][0])) for lat, body in r["latencies"]]
+            for kind, keep in (("short", lambda n: n <= 20), ("long", lambda n: n >= 40)):
+                ms = [lat * 1000 for lat, length in lengths if keep(length)]
+                split[f"{label} {kind}"] = {"p50_ms": float(np.percentile(ms, 50)),
+                                            "p95_ms": float(np.percentile(ms, 95)), "n": len(ms)}
+        out["mixed"] = split
+    overload_clients = 2 * max(levels)
+    with Server(art, "--max-queue", max(levels) // 2, "--max-batch-rows", 64) as server:
+        r = asyncio.run(closed_loop(server.url, workload(preset, art, 4 * overload_clients, seed=7), overload_clients))
+        out["overload"] = {"clients": overload_clients, "queue": max(levels) // 2, "sent": r["sent"], "ok": r["ok"],
+                           "refused_503": r["503"], "errors": r["errors"], "lost": r["lost"]}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/twostep-serve-load"))
+    parser.add_argument("--presets", default="demo,base")
+    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--requests", type=int, default=96, help="Requests per concurrency level (at least 2 x it).")
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    levels = [int(x) for x in args.concurrency.split(",")]
+    report = {"machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}"}
+    for preset in args.presets.split(","):
+        art = prepare(args.work, preset)
+        offline = offline_bench(art) if preset == "base" else None
+        single = one_at_a_time(art, workload(preset, art, 24 if preset == "base" else 96, seed=3))
+        report[preset] = {"offline_batch32_tokens_per_s": offline, "one_at_a_time": single,
+                          **run_server_levels(preset, art, levels, args.requests)}
+    print(json.dumps(report, indent=1))
+    if args.markdown:
+        args.markdown.write_text(markdown(report))
+    table = Table(title="twostep serve, closed loop")
+    for col in ("preset", "clients", "req/s", "tokens/s", "p50 ms", "p95 ms", "p99 ms", "mean batch"):
+        table.add_column(col)
+    for preset in args.presets.split(","):
+        for clients, r in report[preset]["levels"].items():
+            table.add_row(preset, str(clients), f"{r['requests_per_s']:.1f}", f"{r['tokens_per_s']:.0f}",
+                          f"{r['p50_ms']:.0f}", f"{r['p95_ms']:.0f}", f"{r['p99_ms']:.0f}", f"{r['mean_batch']:.1f}")
+    console.print(table)
+
+
+def markdown(report: dict) -> str:
+    lines = []
+    for preset, r in report.items():
+        if preset == "machine":
+            continue
+        single = r["one_at_a_time"]
+        lines += [f"#### {preset}", "", "| clients | requests/s | tokens/s | p50 ms | p95 ms | p99 ms | mean batch |",
+                  "|---|---|---|---|---|---|---|",
+                  f"| Python API, one at a time | {single['requests_per_s']:.1f} | {single['tokens_per_s']:.0f} | "
+                  f"{single['p50_ms']:.0f} | {single['p95_ms']:.0f} | {single['p99_ms']:.0f} | 1 |"]
+        for clients, x in r["levels"].items():
+            lines.append(f"| {clients} | {x['requests_per_s']:.1f} | {x['tokens_per_s']:.0f} | {x['p50_ms']:.0f} | "
+                         f"{x['p95_ms']:.0f} | {x['p99_ms']:.0f} | {x['mean_batch']:.1f} |")
+        if r["offline_batch32_tokens_per_s"]:
+            c32 = r["levels"].get(32)
+            lines += ["", f"Offline `twostep bench` batch 32: {r['offline_batch32_tokens_per_s']:.0f} tokens/s"
+                      + (f"; the server at 32 clients reaches {c32['tokens_per_s'] / r['offline_batch32_tokens_per_s']:.0%}"
+                         f" of it and {c32['tokens_per_s'] / single['tokens_per_s']:.1f}x one-at-a-time." if c32 else ".")]
+        lines += ["", "| mixed lengths 5-60 | p50 ms | p95 ms | n |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['p50_ms']:.0f} | {v['p95_ms']:.0f} | {v['n']} |" for k, v in r["mixed"].items()]
+        o = r["overload"]
+        lines += ["", f"Overload: {o['clients']} clients, queue {o['queue']}: {o['sent']} sent, {o['ok']} answered, "
+                      f"{o['refused_503']} refused with 503, {o['errors']} errors, {o['lost']} lost.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
