@@ -138,7 +138,7 @@ def test_build_engine_writes_the_engines_the_backend_reuses(fake_trt, demo_copy)
     from twostep.cli import app
     from twostep.runtime.backends.trt import TrtBackend
 
-    result = CliRunner().invoke(app, ["build-engine", str(demo_copy)])
+    result = CliRunner().invoke(app, ["build-engine", str(demo_copy), "--max-batch", "8"])  # below the default
     assert result.exit_code == 0, result.output
     written = dict(line.split(": ", 1) for line in result.stdout.split("\n") if line.strip())
     assert len(builds(fake_trt)) == 2
@@ -186,6 +186,19 @@ def test_verify_bench_and_translate_size_the_profile_for_batch_times_beam(fake_t
     assert translator.translate(["seven hundred and two"]) == ["siebenhundertzwei"]
     results = run_backend("trt", demo_copy, None, [Workload(batch=24, new_tokens=4, beam=4)], 0, 1, None)
     assert [r.error for r in results] == [None]
+
+
+def test_a_decode_longer_than_the_profile_is_a_bad_input_not_a_shorter_translation(fake_trt, demo_copy):
+    from twostep.runtime.translator import open_translator
+
+    translator, backend = open_translator(demo_copy, "trt")
+    with backend:
+        assert backend.target_positions == 125 < backend.config.max_positions  # 128 - 4 + 1: a 4-token step fits
+        assert translator.translate_ids([[7, 3]]) == [translator.translate_ids([[7, 3]])[0]]  # short: fine
+        with pytest.raises(BadInput, match=r"decoding up to 128 target positions, but the engine profile holds 125"):
+            translator.translate_ids([[7] * 59 + [3]])  # 2 x 60 + 16 = 136, capped by max_positions 128
+        with pytest.raises(BadInput, match="build-engine --max-new-tokens 126"):
+            translator.decode_ids([[7, 3]], decoding.DecodeOptions(max_new_tokens=126))
 
 
 # -- 4. ort-trt is TensorRT or nothing ---------------------------------------------------------------------

@@ -269,7 +269,8 @@ def build_engine_cmd(
     fp16: bool = typer.Option(False, "--fp16", help="Let TensorRT use fp16 kernels for an fp32 artifact."),
     tf32: bool = typer.Option(False, "--tf32", help="Let fp32 MatMuls run on TF32 tensor cores (~1e-3 off fp32; "
                               "recorded as precision tf32). Off by default."),
-    max_batch: int = typer.Option(DEFAULT_ROWS, min=1, help="Rows: batch x beam."),
+    max_batch: int = typer.Option(DEFAULT_ROWS, min=1, help=f"Rows: batch x beam; at least {DEFAULT_ROWS}, the "
+                                  "backends' default, so that they find these engines."),
     max_src_len: int = typer.Option(256, min=1, help="Capped by the model's max_positions."),
     max_new_tokens: int = typer.Option(256, min=2, help="Target positions; capped by max_positions less the "
                                        "steps' new tokens."),
@@ -285,7 +286,7 @@ def build_engine_cmd(
     if reason:
         raise TwostepError(f"TensorRT is not available here: {reason}")
     artifact = load_artifact(art_dir)
-    profile = Profile.derive(artifact.config, rows=max_batch, src_len=max_src_len, new_tokens=max_new_tokens)
+    profile = Profile.sized_for(artifact.config, rows=max_batch, src_len=max_src_len, new_tokens=max_new_tokens)
     precision = engine_precision(artifact, fp16, tf32)
     for graph in artifact.graphs:
         path = build_engine(artifact, graph, profile, precision, log=lambda m: err.print(m))

@@ -52,8 +52,18 @@ class Translator:
             if bad:
                 raise BadInput(f"sentence {i + 1} has token ids outside the vocabulary [0, {s.vocab_size}): {bad[:5]}")
 
-    def max_new_tokens(self, sources: Sequence[Sequence[int]]) -> int:
-        return min(self.specials.target_positions, 2 * max(len(s) for s in sources) + 16)
+    def max_new_tokens(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> int:
+        """How far to decode: the options' max_new_tokens, else 2 x the longest source + 16, capped by
+        max_positions. Beyond an engine profile's target positions (trt, ort-trt) it is a BadInput, not a
+        silently shorter translation."""
+        s = self.specials
+        wanted = (options.max_new_tokens if options is not None else None) or 2 * max(len(x) for x in sources) + 16
+        wanted = min(wanted, s.max_positions)
+        if wanted > s.target_positions:
+            raise BadInput(f"decoding up to {wanted} target positions, but the engine profile holds "
+                           f"{s.target_positions}; rebuild the engines with twostep build-engine --max-new-tokens "
+                           f"{wanted}, or ask for fewer (max_new_tokens)")
+        return wanted
 
     def decode_ids(self, sources: Sequence[Sequence[int]],
                    options: DecodeOptions | None = None) -> list[list[Hypothesis]]:
@@ -70,7 +80,7 @@ class Translator:
                 batch = [sources[i] for i in chunk]
                 outs = decoding.decode(
                     self.session, batch, options, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
-                    max_new_tokens=min(options.max_new_tokens or self.max_new_tokens(batch), s.target_positions),
+                    max_new_tokens=self.max_new_tokens(batch, options),
                 )
                 for i, out in zip(chunk, outs):
                     results[i] = out

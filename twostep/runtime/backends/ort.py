@@ -151,16 +151,19 @@ class OrtTrtBackend(OrtCudaBackend):
     def _load(self) -> None:
         cache = self.artifact.engine_dir("ort-trt")  # created here: the provider does not create parents
         check_ledger(cache)  # ONNX Runtime deserializes what it finds there: only what we recorded
-        super()._load()
-        for graph, session in self.sessions.items():
-            running = session.get_providers()
-            if running[0] != "TensorrtExecutionProvider":  # it falls back to CUDA silently when libraries are missing
-                self.sessions.clear()
-                raise BackendUnavailable(
-                    f"ONNX Runtime did not start its TensorRT provider for {graph}.onnx (it runs on "
-                    f"{', '.join(running)}): the TensorRT libraries (libnvinfer) are missing or do not match "
-                    "this onnxruntime-gpu; install them, or use --backend ort-cuda")
-        record_ledger(cache)
+        try:
+            super()._load()
+            for graph, session in self.sessions.items():
+                running = session.get_providers()
+                if running[0] != "TensorrtExecutionProvider":  # ONNX Runtime falls back to CUDA silently
+                    self.sessions.clear()
+                    raise BackendUnavailable(
+                        f"ONNX Runtime did not start its TensorRT provider for {graph}.onnx (it runs on "
+                        f"{', '.join(running)}): the TensorRT libraries (libnvinfer) are missing or do not match "
+                        "this onnxruntime-gpu, or the engine build failed (see ONNX Runtime's log above); "
+                        "fix that, or use --backend ort-cuda")
+        finally:  # engines the provider built before a failure are ours: recorded, so the next load trusts them
+            record_ledger(cache)
 
     def _close(self) -> None:
         super()._close()

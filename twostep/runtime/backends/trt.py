@@ -293,8 +293,8 @@ class TrtSession:
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         b = self.backend
-        index = self.torch.from_numpy(origin.astype(np.int64)).to(b.device)
         names = [s.name for s in self.decoder.past_self] if cache_only else list(self.state)
-        with b.on_stream():
+        with b.on_stream():  # the index lives on the stream that reads it
+            index = self.torch.from_numpy(origin.astype(np.int64)).to(b.device)
             self.state.update({k: self.state[k].index_select(0, index) for k in names})
         self.rows = len(origin)
