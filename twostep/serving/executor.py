@@ -3,8 +3,8 @@
 Threads call `translate(...)` (or coroutines `await translate_async(...)`) on one shared `BatchingTranslator`.
 Each request's sentences are checked in the caller's thread (a bad request fails alone, before it is queued),
 then wait in one bounded queue. A worker thread takes sentences decoded with the same options, in arrival
-order, until a batch holds `max_batch_tokens` source tokens x beam or `max_batch_rows` rows, or the first of
-them has waited `max_wait_ms`; sorts them by length and decodes them together. A sentence that finishes
+order, until a batch holds `max_batch_tokens` source tokens x beam or `max_batch_rows` rows, or
+`max_wait_ms` have passed since the first of them came or since the worker became free, whichever is later; sorts them by length and decodes them together. A sentence that finishes
 leaves the running batch at the next step (its cache, cross K/V and mask rows are dropped) and its request
 is answered as soon as its last sentence is done; a request whose caller went away (a cancelled future) has
 its rows dropped the same way. A full queue refuses at once with `Overloaded`.
@@ -128,6 +128,7 @@ class BatchingTranslator(Translator):
         if not sources:
             request.future.set_result([])
             return request.future
+        limits = [self.limit_of(ids, options) for ids in request.sources]  # BadInput before anything is queued
         now = time.monotonic()
         with self.cond:
             if self.closed:
@@ -135,13 +136,13 @@ class BatchingTranslator(Translator):
             if len(self.waiting) + len(sources) > self.limits.max_queue:
                 raise Overloaded(f"the queue is full ({len(self.waiting)} sentences waiting, at most "
                                  f"{self.limits.max_queue}); retry later")
-            self.waiting.extend(Sentence(request, i, ids, self.limit_of(ids, options), now)
-                                for i, ids in enumerate(request.sources))
+            self.waiting.extend(Sentence(request, i, ids, limit, now)
+                                for i, (ids, limit) in enumerate(zip(request.sources, limits)))
             self.cond.notify_all()
         return request.future
 
     def limit_of(self, ids: Sequence[int], options: DecodeOptions) -> int:
-        return min(options.max_new_tokens or self.max_new_tokens([ids]), self.specials.target_positions)
+        return self.max_new_tokens([ids], options)
 
     def decode_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                    timeout: float | None = None) -> list[list[Hypothesis]]:
@@ -188,8 +189,10 @@ class BatchingTranslator(Translator):
             self.run(batch)
 
     def next_batch(self) -> list[Sentence] | None:
-        """Blocks until a batch is due (full, or its first sentence waited max_wait_ms); None once closed and
-        drained."""
+        """Blocks until a batch is due: full, or max_wait_ms after its first sentence came or after the worker
+        became free, whichever is later (callers answered by the last batch send their next requests in that
+        time, and join this one instead of forming a batch of their own); None once closed and drained."""
+        free_since = time.monotonic()
         with self.cond:
             while True:
                 while self.waiting and self.waiting[0].request.future.cancelled():
@@ -200,7 +203,7 @@ class BatchingTranslator(Translator):
                     return None
                 self.cond.wait()
             first = self.waiting[0]
-            deadline = first.arrived + self.limits.max_wait_ms / 1000
+            deadline = max(first.arrived, free_since) + self.limits.max_wait_ms / 1000
             while not self.closed and not self.full(first.key) and time.monotonic() < deadline:
                 self.cond.wait(deadline - time.monotonic())
             return self.take(first.key)

@@ -144,14 +144,7 @@ def build_app(config: ServeConfig) -> FastAPI:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors())
         return error(400, f"bad request: {problems}")
 
-    @app.middleware("http")
-    async def log_requests(request: Request, call_next):
-        started = time.perf_counter()
-        response = await call_next(request)
-        log.info("%s %s %d %.1f ms", request.method, request.url.path, response.status_code,
-                 1000 * (time.perf_counter() - started))
-        return response
-
+    app.add_middleware(RequestLog)
     @app.post("/v1/translate", response_model=TranslateResponse,
               responses={400: {"description": "Bad JSON, fields or input"}, 413: {"description": "Too large"},
                          503: {"description": "Queue full or shutting down; see Retry-After"}})
@@ -210,6 +203,29 @@ def build_app(config: ServeConfig) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+class RequestLog:
+    """One log line per HTTP request: method, path, status, milliseconds. Plain ASGI (Starlette's
+    BaseHTTPMiddleware costs a task and a stream per request)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            log.info("%s %s %d %.1f ms", scope["method"], scope["path"], status[0], 1000 * (time.perf_counter() - started))
 
 
 async def until_disconnected(pending: asyncio.Future, request: Request, poll_s: float = 0.05):
