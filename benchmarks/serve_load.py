@@ -9,8 +9,8 @@ Per preset (the bundled demo model; the paper's base model with random weights, 
    service without batching gets;
 3. the server under C closed-loop clients, each sending one sentence and waiting for its answer:
    requests/s, generated tokens/s, latency p50/p95/p99, mean batch size (from /metrics);
-4. mixed source lengths (5-60 tokens): short (<= 20) and long (>= 40) sentences' latency, unloaded (1 client)
-   and loaded (32 clients);
+4. mixed lengths: sources of 5-60 tokens, each decoding 2 x its length + 16 tokens: short (<= 20 source
+   tokens) and long (>= 40) sentences' latency, unloaded (1 client) and loaded (32 clients);
 5. overload: twice the largest concurrency against a queue of half of it: 503s, errors, lost requests.
 
 Base preset requests are 32 random source tokens decoding exactly 32 tokens (suppress_eos), like the offline
@@ -71,8 +71,10 @@ def workload(preset: str, art: Path, n: int, seed: int = 0) -> list[dict]:
 
 
 def mixed(n: int, seed: int = 1) -> list[dict]:
+    """Sources of 5-60 random ids, each decoding its default 2 x length + 16 tokens (eos suppressed): short
+    sentences have short outputs, long ones long."""
     rng = np.random.default_rng(seed)
-    return [{"ids": [rng.integers(4, 250, int(length) - 1).tolist() + [3]], "max_new_tokens": 32, "suppress_eos": True}
+    return [{"ids": [rng.integers(4, 250, int(length) - 1).tolist() + [3]], "suppress_eos": True}
             for length in rng.integers(5, 61, n)]
 
 
