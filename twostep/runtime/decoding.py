@@ -62,6 +62,16 @@ class RowControl:
         """Of the sentences `live` (in row order), those that stay: not done, not cancelled."""
         return np.array([not done[i] and not self.cancelled(int(i)) for i in live], dtype=bool)
 
+    def compact(self, session: StepSession, live: np.ndarray, done: np.ndarray, tokens: np.ndarray):
+        """One row per sentence: drop the rows of those that left; (live, tokens) of the rest, None if none stays."""
+        stay = self.leaving(live, done)
+        if not stay.any():
+            return None
+        if not stay.all():
+            session.reorder(np.flatnonzero(stay))
+            live, tokens = live[stay], tokens[stay]
+        return live, tokens
+
 
 def sentence_limits(control: RowControl | None, batch: int, max_new_tokens: int) -> np.ndarray:
     if control is None:
@@ -103,12 +113,10 @@ def greedy(
             break
         tokens = next_ids[:, None]
         if control is not None:
-            stay = control.leaving(live, done)
-            if not stay.any():
+            kept = control.compact(session, live, done, tokens)
+            if kept is None:
                 break
-            if not stay.all():
-                session.reorder(np.flatnonzero(stay))
-                live, tokens = live[stay], tokens[stay]
+            live, tokens = kept
     return [out[b, : lengths[b]].tolist() for b in range(batch)]
 
 
@@ -279,12 +287,10 @@ def sample(
             break
         tokens = next_ids[:, None]
         if control is not None:
-            stay = control.leaving(live, done)
-            if not stay.any():
+            kept = control.compact(session, live, done, tokens)
+            if kept is None:
                 break
-            if not stay.all():
-                session.reorder(np.flatnonzero(stay))
-                live, tokens = live[stay], tokens[stay]
+            live, tokens = kept
     return out
 
 
