@@ -216,7 +216,7 @@ class TrtBackend(Backend):
             value = inputs[t.name].contiguous()
             inputs[t.name] = value
             if not context.set_input_shape(t.name, tuple(value.shape)):  # TensorRT returns False, never raises
-                raise BadInput(self.refused_shape(graph, t, tuple(value.shape)))
+                self.refused_shape(graph, t, tuple(value.shape))
             context.set_tensor_address(t.name, self.address(graph, t.name, value))
         outputs = {}
         for t in spec.outputs:
@@ -229,14 +229,14 @@ class TrtBackend(Backend):
             raise RuntimeError(f"TensorRT execution of the {graph} engine failed")
         return outputs
 
-    def refused_shape(self, graph: str, spec, shape: tuple[int, ...]) -> str:
-        for dim, size in zip(spec.shape, shape):
-            if isinstance(dim, str):
-                low, _, high = self.profile.axis(dim)
-                if not low <= size <= high:
-                    return (f"{graph}.{spec.name}: {dim} {size} is outside the engine profile ({low}..{high}); "
-                            f"rebuild the engines with twostep build-engine for a larger {dim}")
-        return f"{graph}.{spec.name}: TensorRT refused shape {list(shape)} (profile {asdict(self.profile)})"
+    def refused_shape(self, graph: str, spec, shape: tuple[int, ...]) -> None:
+        """Raise BadInput for a shape TensorRT refused: the profile's own check names the axis and bounds."""
+        where = f"{graph}.{spec.name}: "
+        try:
+            self.profile.check({dim: size for dim, size in zip(spec.shape, shape) if isinstance(dim, str)})
+        except BadInput as exc:
+            raise BadInput(where + str(exc)) from None
+        raise BadInput(f"{where}TensorRT refused shape {list(shape)} (profile {asdict(self.profile)})")
 
     def _run(self, graph: str, feeds: Feeds) -> Feeds:
         t = self.torch
