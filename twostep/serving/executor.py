@@ -69,9 +69,14 @@ class Metrics:
 class Request:
     sources: list[list[int]]
     options: DecodeOptions
-    future: Future
-    results: list = field(default_factory=list)
-    remaining: int = 0
+    future: Future = field(default_factory=Future)
+    results: list = field(init=False)
+    remaining: int = field(init=False)
+    key: DecodeOptions = field(init=False)  # requests with equal keys share batches
+
+    def __post_init__(self) -> None:
+        self.results, self.remaining = [[] for _ in self.sources], len(self.sources)
+        self.key = replace(self.options, max_new_tokens=None)  # max_new_tokens is a per-row limit
 
 
 @dataclass(eq=False)
@@ -88,8 +93,7 @@ class Sentence:
 
     @property
     def key(self) -> DecodeOptions:
-        """Sentences with equal keys decode in one batch: their options but max_new_tokens, a per-row limit."""
-        return replace(self.request.options, max_new_tokens=None)
+        return self.request.key
 
 
 class BatchingTranslator(Translator):
@@ -124,11 +128,11 @@ class BatchingTranslator(Translator):
         if len(sources) > self.limits.max_queue:
             raise BadInput(f"a request of {len(sources)} sentences cannot be queued: at most {self.limits.max_queue} "
                            "sentences wait at once; send fewer per request")
-        request = Request([list(map(int, s)) for s in sources], options, Future(), [[] for _ in sources], len(sources))
+        request = Request([list(map(int, s)) for s in sources], options)
         if not sources:
             request.future.set_result([])
             return request.future
-        limits = [self.limit_of(ids, options) for ids in request.sources]  # BadInput before anything is queued
+        limits = [self.max_new_tokens([ids], options) for ids in request.sources]  # BadInput before queueing
         now = time.monotonic()
         with self.cond:
             if self.closed:
@@ -140,9 +144,6 @@ class BatchingTranslator(Translator):
                                 for i, (ids, limit) in enumerate(zip(request.sources, limits)))
             self.cond.notify_all()
         return request.future
-
-    def limit_of(self, ids: Sequence[int], options: DecodeOptions) -> int:
-        return self.max_new_tokens([ids], options)
 
     def decode_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                    timeout: float | None = None) -> list[list[Hypothesis]]:
@@ -204,9 +205,11 @@ class BatchingTranslator(Translator):
                 self.cond.wait()
             first = self.waiting[0]
             deadline = max(first.arrived, free_since) + self.limits.max_wait_ms / 1000
-            while not self.closed and not self.full(first.key) and time.monotonic() < deadline:
+            while True:
+                taken = list(self.fitting(first.key))
+                if self.closed or self.full(first.key, taken) or time.monotonic() >= deadline:
+                    return self.take(taken)
                 self.cond.wait(deadline - time.monotonic())
-            return self.take(first.key)
 
     def fitting(self, options: DecodeOptions):
         """The waiting sentences with these options that fit in one batch, in arrival order."""
@@ -220,15 +223,13 @@ class BatchingTranslator(Translator):
             tokens, rows = tokens + s.cost, rows + options.beam_size
             yield s
 
-    def full(self, options: DecodeOptions) -> bool:
-        """The batch these options would get cannot grow: waiting for more sentences would gain nothing."""
-        taken = list(self.fitting(options))
+    def full(self, options: DecodeOptions, taken: list[Sentence]) -> bool:
+        """`taken` (what `fitting` gives these options) cannot grow: waiting for more would gain nothing."""
         same = sum(1 for s in self.waiting if s.key == options and not s.request.future.cancelled())
         return (same > len(taken) or sum(s.cost for s in taken) >= self.limits.max_batch_tokens
                 or (len(taken) + 1) * options.beam_size > self.limits.max_batch_rows)
 
-    def take(self, options: DecodeOptions) -> list[Sentence]:
-        taken = list(self.fitting(options))
+    def take(self, taken: list[Sentence]) -> list[Sentence]:
         chosen = set(map(id, taken))
         self.waiting = deque(s for s in self.waiting if id(s) not in chosen and not s.request.future.cancelled())
         return sorted(taken, key=lambda s: len(s.ids))  # similar lengths side by side, less padding
