@@ -60,7 +60,9 @@ class RowControl:
 
     def leaving(self, live: np.ndarray, done: np.ndarray) -> np.ndarray:
         """Of the sentences `live` (in row order), those that stay: not done, not cancelled."""
-        return np.array([not done[i] and not self.cancelled(int(i)) for i in live], dtype=bool)
+        stay = ~done[live]
+        stay[stay] = [not self.cancelled(int(i)) for i in live[stay]]
+        return stay
 
     def compact(self, session: StepSession, live: np.ndarray, done: np.ndarray, tokens: np.ndarray):
         """One row per sentence: drop the rows of those that left; (live, tokens) of the rest, None if none stays."""
@@ -211,10 +213,9 @@ def beam_search(
             rows = (np.arange(n)[:, None] * k + origins).reshape(-1)
             history = np.concatenate([history[rows], next_tokens.reshape(-1, 1)], axis=1)
             scores, tokens = next_scores, next_tokens.reshape(-1, 1)
-            for j, b in enumerate(live):
-                if not done[b] and t + 1 >= limits[b]:
-                    finish_live_beams(j, b)
-                    ended.append(b)
+            for j in np.flatnonzero(~done[live] & (t + 1 >= limits[live])):
+                finish_live_beams(j, live[j])
+                ended.append(live[j])
         if control is not None:
             for b in ended:
                 control.on_done(int(b), finished[b])
