@@ -72,3 +72,63 @@ def test_top_candidates_is_a_stable_argsort_prefix():
         row[rng.integers(0, 400, 30)] = -np.inf
         n = int(rng.integers(1, 20))
         np.testing.assert_array_equal(decoding.top_candidates(row, n), np.argsort(-row, kind="stable")[:n])
+
+
+class HistorySession:
+    """A step session whose logits are a pseudo-random function of each row's history, so that every reorder
+    matters; `rounded` makes ties everywhere."""
+
+    def __init__(self, vocab: int, seed: int, rounded: bool):
+        self.vocab, self.seed, self.rounded = vocab, seed, rounded
+
+    def start(self, input_ids, attention_mask):
+        self.rows = [tuple(r) for r in input_ids.tolist()]
+
+    def step(self, input_ids):
+        self.rows = [h + (int(t),) for h, t in zip(self.rows, input_ids[:, 0])]
+        out = np.empty((len(self.rows), self.vocab), np.float32)
+        for i, h in enumerate(self.rows):
+            row = np.random.default_rng([self.seed, len(h), *h]).standard_normal(self.vocab) * 3
+            out[i] = np.round(row) if self.rounded else row
+        return out
+
+    def reorder(self, origin, cache_only=False):
+        self.rows = [self.rows[i] for i in origin]
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 5000])
+@pytest.mark.parametrize("rounded", [False, True])
+def test_vectorised_beam_search_equals_the_per_sentence_loop_it_replaced(vocab, rounded):
+    """The same hypotheses in the same order and bit-identical scores as the old loop (tests/reference_beam.py),
+    with ties everywhere when rounded, a vocabulary smaller than the candidates, eos suppressed or not."""
+    from reference_beam import beam_search as reference
+
+    sources = [[5 + i % 7] * (1 + i % 5) for i in range(7)]
+    for seed, (beam, n_best, penalty, suppress) in enumerate(
+            [(4, 1, 1.0, False), (4, 4, 0.6, False), (3, 2, 0.0, True), (1, 1, 1.0, False), (6, 3, 1.0, False)]):
+        options = dict(beam_size=beam, n_best=n_best, length_penalty=penalty, suppress_eos=suppress, bos_id=2,
+                       eos_id=3, pad_id=0, max_new_tokens=12)
+        want = reference(HistorySession(vocab, seed, rounded), sources, **options)
+        got = decoding.beam_search(HistorySession(vocab, seed, rounded), sources, **options)
+        assert [[(h.tokens, h.score) for h in hyps] for hyps in got] == \
+            [[(h.tokens, h.score) for h in hyps] for hyps in want]
+
+
+def test_beam_candidates_are_a_stable_argsort_prefix_over_each_sentence():
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        sentences, k, vocab = int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.integers(2, 900))
+        n = int(rng.integers(1, 12))
+        logits = rng.integers(-4, 4, (sentences * k, vocab)).astype(np.float32)  # many ties
+        scores = rng.integers(-3, 0, (sentences, k)).astype(np.float64)
+        scores[rng.random((sentences, k)) < 0.2] = -np.inf
+        x = logits.astype(np.float64)
+        logp = (x - x.max(-1, keepdims=True)) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        total = (scores[:, :, None] + logp.reshape(sentences, k, vocab)).reshape(sentences, -1)
+        got_total, got_flat = decoding.beam_candidates(logits.copy(), scores, n)
+        for j in range(sentences):
+            order = np.argsort(-total[j], kind="stable")[:n]
+            order = order[total[j, order] > -np.inf]
+            np.testing.assert_array_equal(got_flat[j, : len(order)], order)
+            np.testing.assert_array_equal(got_total[j, : len(order)], total[j, order])
+            assert (got_flat[j, len(order):] == -1).all() and (got_total[j, len(order):] == -np.inf).all()

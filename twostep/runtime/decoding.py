@@ -129,11 +129,68 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def top_candidates(scores: np.ndarray, n: int) -> np.ndarray:
     """Indices of the n best scores, best first, ties to the lower index: `argsort(-scores, stable)[:n]`
-    without sorting the whole row (a beam's row holds beam_size x vocab candidates)."""
+    without sorting the whole row."""
     n = min(n, scores.size)
     threshold = scores[np.argpartition(-scores, n - 1)[:n]].min()
     candidates = np.flatnonzero(scores >= threshold)  # every tie at the threshold, so the order is exact
     return candidates[np.lexsort((candidates, -scores[candidates]))][:n]
+
+
+def row_log_normalisers(logits: np.ndarray, scratch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(max, log-sum-exp of logits - max) per row, in float64: log_softmax(x) = (x - max) - lse, rounded as
+    `log_softmax(logits.astype(float64))` rounds. `scratch`, a float64 array of the logits' shape, saves an
+    allocation per step."""
+    top = logits.max(-1).astype(np.float64)
+    shifted = np.subtract(logits, top[:, None], out=scratch, dtype=np.float64)
+    np.exp(shifted, out=shifted)
+    return top, np.log(shifted.sum(-1))
+
+
+def row_candidates(logits: np.ndarray, n: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of every entry of `rows` of logits (R, V) that is at least the row's n-th largest:
+    the row's n best, with every tie at the n-th. Found through chunk maxima: the n-th largest of the chunks'
+    maxima is a lower bound of the n-th largest entry, and only the chunks above it are read again."""
+    vocab = logits.shape[1]
+    width = -(-vocab // max(4 * n, 64))  # chunk width: at least 4n chunks
+    if vocab // width < n or not len(rows):  # few columns: every entry is a candidate
+        r, c = np.nonzero(logits[rows] > -np.inf)
+        return rows[r], c
+    chosen = logits if len(rows) == len(logits) else logits[rows]
+    maxima = np.maximum.reduceat(chosen, np.arange(0, vocab, width), axis=1)  # (R', C)
+    bound = np.partition(maxima, maxima.shape[1] - n, axis=1)[:, maxima.shape[1] - n]
+    r, chunk = np.nonzero(maxima >= bound[:, None])
+    cols = chunk[:, None] * width + np.arange(width)  # the columns of each chunk above the bound
+    values = logits[rows[r][:, None], np.minimum(cols, vocab - 1)]
+    hit = (cols < vocab) & (values >= bound[r][:, None]) & (values > -np.inf)
+    return np.broadcast_to(rows[r][:, None], cols.shape)[hit], cols[hit]
+
+
+def beam_candidates(logits: np.ndarray, scores: np.ndarray, n: int, skip_token: int | None = None,
+                    scratch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each sentence's n best continuations. logits (S*K, V), K rows per sentence; scores (S, K), the beams'
+    log-probabilities (-inf: not alive). Returns totals (S, n) float64 and flat indices beam * V + token,
+    best first, ties to the lower index, padded with -inf and -1 where a sentence has fewer than n finite
+    candidates: the prefix of a stable `argsort(-(scores + log_softmax(logits)))` over each sentence's K*V
+    candidates that stops at the first -inf. `skip_token` (a suppressed eos) counts in the softmax but is
+    never a candidate. log-softmax is monotone in each row, so a sentence's n best lie among its rows' n
+    best logits: only those get a total."""
+    sentences, k = scores.shape
+    vocab = logits.shape[1]
+    top, lse = row_log_normalisers(logits, scratch)
+    if skip_token is not None:
+        logits[:, skip_token] = -np.inf
+    flat_scores = scores.reshape(-1)
+    r, c = row_candidates(logits, n, np.flatnonzero(flat_scores > -np.inf))
+    total = flat_scores[r] + ((logits[r, c].astype(np.float64) - top[r]) - lse[r])
+    sentence, flat = r // k, (r % k) * vocab + c
+    order = np.lexsort((flat, -total, sentence))
+    sentence, flat, total = sentence[order], flat[order], total[order]
+    rank = np.arange(len(order)) - np.searchsorted(sentence, sentence)
+    best = rank < n
+    out_total, out_flat = np.full((sentences, n), -np.inf), np.full((sentences, n), -1, dtype=np.int64)
+    out_total[sentence[best], rank[best]] = total[best]
+    out_flat[sentence[best], rank[best]] = flat[best]
+    return out_total, out_flat
 
 
 @dataclass(frozen=True)
@@ -150,7 +207,8 @@ def beam_search(
     """Batched beam search. Each sentence keeps `beam_size` live hypotheses; the cache rows follow their beam
     of origin (`session.reorder`). A sentence is done once it has `n_best` finished hypotheses and its best
     live one, normalised at the current length, cannot beat the worst of them; at its max_new_tokens its
-    live beams count as finished."""
+    live beams count as finished. A step's selection is vectorised over the batch (`beam_candidates`); only
+    hypotheses that end in eos are handled one by one."""
     if not 1 <= n_best <= beam_size:
         raise BadInput(f"n_best must be between 1 and the beam size {beam_size}, got {n_best}")
     ids, mask = pad_batch(sources, pad_id)
@@ -164,51 +222,58 @@ def beam_search(
     history = np.zeros((batch * k, 0), dtype=np.int64)
     tokens = np.full((batch * k, 1), bos_id, dtype=np.int64)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    worst_finished = np.full(batch, -np.inf)  # the score of finished[b][-1] once it holds n_best
     done = np.zeros(batch, dtype=bool)
+    scratch = None
 
     def norm(score: float, length: int) -> float:
         return score / (max(length, 1) ** length_penalty)
+
+    def keep_best(b: int) -> None:
+        finished[b].sort(key=lambda h: -h.score)
+        del finished[b][n_best:]
+        if len(finished[b]) == n_best:
+            worst_finished[b] = finished[b][-1].score
 
     def finish_live_beams(j: int, b: int) -> None:  # at max_new_tokens: live beams count as finished
         for beam in range(k):
             if scores[j, beam] > -np.inf:
                 finished[b].append(Hypothesis(history[j * k + beam].tolist(), norm(scores[j, beam], history.shape[1])))
-        finished[b].sort(key=lambda h: -h.score)
-        del finished[b][n_best:]
+        keep_best(b)
         done[b] = True
 
     for t in range(max_new_tokens):
-        logp = log_softmax(session.step(tokens).astype(np.float64))  # (n*K, V), n = len(live)
-        if suppress_eos:
-            logp[:, eos_id] = -np.inf
-        vocab, n = logp.shape[-1], len(live)
-        total = (scores[:, :, None] + logp.reshape(n, k, vocab)).reshape(n, k * vocab)
+        logits = session.step(tokens)  # (n*K, V), n = len(live)
+        n = len(live)
+        if scratch is None or scratch.shape[0] < logits.shape[0]:
+            scratch = np.empty(logits.shape, dtype=np.float64)
+        deciding = ~done[live]
+        alive = np.where(deciding[:, None], scores, -np.inf)
+        total, flat = beam_candidates(logits, alive, 2 * k, eos_id if suppress_eos else None,
+                                      scratch[: logits.shape[0]])
+        beam, token = np.divmod(flat, logits.shape[1])
+        # Walk each sentence's candidates best first: an eos finishes a hypothesis, any other token continues
+        # one, until k continue; the walk stops at the first -inf.
+        valid = total > -np.inf
+        is_eos = valid & (token == eos_id)
+        going_on = valid & ~is_eos
+        walked = valid & (np.cumsum(going_on, axis=1) - going_on < k)
+        kept = going_on & walked
+        j, c = np.nonzero(kept)
+        slot = (np.cumsum(kept, axis=1) - 1)[j, c]
         next_scores = np.full((n, k), -np.inf)
         next_tokens = np.full((n, k), pad_id, dtype=np.int64)
         origins = np.tile(np.arange(k), (n, 1))
-        ended = []
-        for j, b in enumerate(live):
-            if done[b]:
-                continue
-            kept = 0
-            for flat in top_candidates(total[j], 2 * k):
-                beam, token, score = divmod(int(flat), vocab) + (float(total[j, flat]),)
-                if score == -np.inf:
-                    break
-                if token == eos_id:
-                    prefix = history[j * k + beam].tolist()
-                    finished[b].append(Hypothesis(prefix, norm(score, t + 1)))
-                    continue
-                next_scores[j, kept], next_tokens[j, kept], origins[j, kept] = score, token, beam
-                kept += 1
-                if kept == k:
-                    break
-            finished[b].sort(key=lambda h: -h.score)
-            del finished[b][n_best:]
-            best_alive = norm(next_scores[j, 0], t + 1)
-            if kept == 0 or (len(finished[b]) == n_best and finished[b][-1].score >= best_alive):
-                done[b] = True
-                ended.append(b)
+        next_scores[j, slot], next_tokens[j, slot], origins[j, slot] = total[j, c], token[j, c], beam[j, c]
+        ending = is_eos & walked
+        for j, c in zip(*np.nonzero(ending)):
+            finished[live[j]].append(Hypothesis(history[j * k + beam[j, c]].tolist(), norm(float(total[j, c]), t + 1)))
+        for j in np.flatnonzero(ending.any(axis=1)):
+            keep_best(live[j])
+        best_alive = next_scores[:, 0] / (max(t + 1, 1) ** length_penalty)
+        ends = deciding & (~kept.any(axis=1) | (worst_finished[live] >= best_alive))
+        done[live[ends]] = True
+        ended = list(live[ends])
         if not done.all():
             rows = (np.arange(n)[:, None] * k + origins).reshape(-1)
             history = np.concatenate([history[rows], next_tokens.reshape(-1, 1)], axis=1)
