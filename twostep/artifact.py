@@ -1,6 +1,8 @@
 """The artifact directory: the contract every consumer reads (Python backends, CLI, services, C++).
 
     encoder.onnx, decoder.onnx   the two graphs (see twostep.exporter.spec)
+    decoder_inplace.onnx         optional (`variants`): an ONNX Runtime-only decoder that writes its cache in
+                                 place (twostep.exporter.inplace); the two graphs stay the contract
     tokenizer.model              SentencePiece model, when the checkpoint had one
     manifest.json                schema version, model config, special ids, graph I/O, opset, versions,
                                  sha256 of every file, max positions, validation tolerances
@@ -15,6 +17,7 @@ exactly what the model config implies. `cpp/src/manifest.cpp` enforces the same 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from twostep.errors import BadArtifact, BadCheckpoint
-from twostep.exporter.spec import GraphSpec, graph_specs
+from twostep.exporter.spec import INPLACE, GraphSpec, graph_specs, inplace_spec
 from twostep.files import OLD, OutputKind, write_file_atomic
 from twostep.model.config import ModelConfig
 
@@ -60,12 +63,16 @@ class Artifact:
     manifest: dict[str, Any]
     config: ModelConfig
     graphs: dict[str, GraphSpec]
+    variants: dict[str, GraphSpec] = dataclasses.field(default_factory=dict)  # e.g. decoder_inplace
 
     def file(self, name: str) -> Path:
         return self.path / name
 
     def graph_file(self, graph: str) -> Path:
         return self.path / self.manifest["graphs"][graph]["file"]
+
+    def variant_file(self, variant: str) -> Path:
+        return self.path / self.manifest["variants"][variant]["file"]
 
     def graph_sha256(self, graph: str) -> str:
         return self.manifest["files"][self.manifest["graphs"][graph]["file"]]
@@ -221,9 +228,28 @@ def parse_manifest(manifest: Any, where: str) -> tuple[ModelConfig, dict[str, Gr
     return config, specs
 
 
-def opened_files(manifest: dict[str, Any]) -> list[str]:
-    """The files the runtime opens itself: both graphs and the tokenizer."""
+def parse_variants(manifest: dict[str, Any], config: ModelConfig, where: str) -> dict[str, GraphSpec]:
+    """The optional runtime-specific graphs this twostep knows (others, from a newer one, are ignored)."""
+    variants = manifest.get("variants")
+    variants = {} if variants is None else variants
+    if not isinstance(variants, dict):
+        raise BadArtifact(f"{where}: malformed manifest ('variants' is {type(variants).__name__})")
+    out = {}
+    if INPLACE in variants:
+        entry = field(variants, INPLACE, dict, f"{where}: variants")
+        safe_name(field(entry, "file", str, f"{where}: variants.{INPLACE}"), where)
+        spec = inplace_spec(config, manifest["dtype"])
+        if {k: entry.get(k) for k in ("inputs", "outputs")} != spec.to_dict():
+            raise BadArtifact(f"{where}: variants.{INPLACE} inputs/outputs are not those the model config implies; "
+                              "the manifest was edited or is damaged: re-export the artifact")
+        out[INPLACE] = spec
+    return out
+
+
+def opened_files(manifest: dict[str, Any], variants: tuple[str, ...] | dict = ()) -> list[str]:
+    """The files the runtime opens itself: both graphs, the variants it knows, and the tokenizer."""
     names = [manifest["graphs"][g]["file"] for g in GRAPH_FILES]
+    names += [manifest["variants"][v]["file"] for v in variants]
     return names + ([manifest["tokenizer"]] if manifest.get("tokenizer") else [])
 
 
@@ -255,12 +281,13 @@ def load_artifact(path: Path | str, check_hashes: bool = True) -> Artifact:
     except OSError as exc:
         raise BadArtifact(f"{manifest_file}: cannot read it ({exc.strerror})") from None
     config, graphs = parse_manifest(manifest, where)
+    variants = parse_variants(manifest, config, where)
     files = manifest["files"]
-    for name in opened_files(manifest):
+    for name in opened_files(manifest, variants):
         if name not in files:
             raise BadArtifact(f"{where}: {name} is not listed in 'files' with its sha256; the runtime opens "
                               "only listed, hashed files: re-export the artifact")
-    graph_files = {manifest["graphs"][g]["file"] for g in GRAPH_FILES}
+    graph_files = {manifest["graphs"][g]["file"] for g in GRAPH_FILES} | {manifest["variants"][v]["file"] for v in variants}
     may_have_external_data = []  # every external-data reference holds the key "location": no key, no reference
     for name, expected in files.items():
         file = inside(path, name, f"listed in {MANIFEST}")
@@ -283,7 +310,7 @@ def load_artifact(path: Path | str, check_hashes: bool = True) -> Artifact:
             if location not in files:
                 raise BadArtifact(f"{graph_file}: its external data {location!r} is not listed in {MANIFEST} "
                                   "with a sha256; the runtime opens only listed, hashed files")
-    return Artifact(path=path, manifest=manifest, config=config, graphs=graphs)
+    return Artifact(path=path, manifest=manifest, config=config, graphs=graphs, variants=variants)
 
 
 def ledger_file(directory: Path) -> Path:

@@ -92,6 +92,19 @@ def measure(name: str, w: Workload, request: Callable[[], None], encode: Callabl
     )
 
 
+def split_name(name: str) -> tuple[str, dict]:
+    """A benchmarked backend and its options: `ort-cpu:concat` and `ort-cpu:inplace` pin ort-cpu's decoder
+    (twostep.runtime.backends.ort.KV_CACHES), so both can be measured side by side in one run."""
+    from twostep.errors import BadInput
+
+    backend, _, kv_cache = name.partition(":")
+    if not kv_cache:
+        return backend, {}
+    if backend != "ort-cpu" or kv_cache not in ("inplace", "concat"):
+        raise BadInput(f"backend {name!r}: only ort-cpu takes a decoder suffix, :inplace or :concat")
+    return backend, {"kv_cache": kv_cache}
+
+
 def run_backend(name: str, artifact_dir: Path | None, checkpoint_dir: Path | None, workloads: list[Workload],
                 warmup: int, iters: int, threads: int | None, device: str = "cpu",
                 tick: Callable[[], None] = lambda: None) -> list[Result]:
@@ -100,13 +113,15 @@ def run_backend(name: str, artifact_dir: Path | None, checkpoint_dir: Path | Non
     from twostep.runtime import backends, decoding
 
     started = time.perf_counter()
+    label, (name, options) = name, split_name(name)
     try:
         artifact = None
         if artifact_dir is not None and backends.backend_info(name).needs_artifact:
             from twostep.artifact import load_artifact
 
             artifact = load_artifact(artifact_dir)
-        options = {"threads": threads} if threads else {}
+        if threads:
+            options["threads"] = threads
         if name == "torch":
             options["device"] = device
         if artifact is not None:
@@ -115,7 +130,7 @@ def run_backend(name: str, artifact_dir: Path | None, checkpoint_dir: Path | Non
                 src_len=max(w.src_len for w in workloads), new_tokens=max(w.new_tokens for w in workloads)))
         backend = backends.create(name, artifact=artifact, checkpoint_dir=checkpoint_dir, **options)
     except TwostepError as exc:
-        return [Result(name, w, error=str(exc)) for w in workloads]
+        return [Result(label, w, error=str(exc)) for w in workloads]
     load_s = time.perf_counter() - started
     c = backend.config
     results = []
@@ -126,7 +141,7 @@ def run_backend(name: str, artifact_dir: Path | None, checkpoint_dir: Path | Non
             session = backend.session()
             ids, mask = decoding.pad_batch(sources, c.pad_id)
             results.append(measure(
-                name, w,
+                label, w,
                 lambda: decoding.decode(session, sources, options, bos_id=c.bos_id, eos_id=c.eos_id,
                                         pad_id=c.pad_id, max_new_tokens=w.new_tokens),
                 lambda: session.start(ids, mask), warmup, iters, tick, load_s,

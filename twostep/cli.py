@@ -146,13 +146,16 @@ def export(
     dtype: str = typer.Option("fp32", help="fp32; fp16 (fragile ops kept fp32); int8 (dynamic quantization of the weight MatMuls)."),
     optimize: bool = typer.Option(False, help="ONNX Runtime transformer fusions (ONNX Runtime only, not TensorRT)."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier artifact at --out (never other files)."),
+    inplace_cache: bool = typer.Option(False, "--inplace-cache", help=(
+        "Also export the in-place decoder: an ONNX Runtime-only variant whose KV cache is written in place, "
+        "which ort-cpu then decodes with (the two plain graphs stay as they are).")),
 ) -> None:
     """Export a checkpoint as encoder.onnx + decoder.onnx + manifest.json, validated against eager PyTorch."""
     from twostep.exporter.export import export as run_export
 
     with err.status("exporting") as status:
         result = run_export(ckpt_dir, out_dir, opset=opset, dtype=dtype, optimize=optimize, force=force,
-                            log=lambda m: status.update(m))
+                            inplace_cache=inplace_cache, log=lambda m: status.update(m))
     worst = max(result.report.max_error.values(), default=0.0)
     out.print(f"wrote {result.path} in {result.seconds:.1f}s: {result.report.cases} shape cases validated, "
               f"max error {worst:.2e}")
@@ -206,7 +209,9 @@ def int_list(text: str, flag: str) -> list[int]:
 @app.command()
 def bench(
     art_dir: Path = typer.Argument(..., help="Artifact directory."),
-    backend: str = typer.Option("ort-cpu", help="Comma-separated backends; ratios are to the first."),
+    backend: str = typer.Option("ort-cpu", help=(
+        "Comma-separated backends; ratios are to the first. ort-cpu:concat and ort-cpu:inplace pin ort-cpu's "
+        "decoder (the plain one, or the in-place one of an artifact exported with --inplace-cache).")),
     checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint, for the torch backend."),
     batch: str = typer.Option("1,32", help="Comma-separated batch sizes."),
     src_len: int = typer.Option(32, min=2),
@@ -222,14 +227,15 @@ def bench(
     from rich.progress import Progress
 
     from twostep.artifact import load_artifact
-    from twostep.bench import Workload, bench as run_bench
+    from twostep.bench import Workload, bench as run_bench, split_name
     from twostep.runtime import backends
 
     names = [b.strip() for b in backend.split(",") if b.strip()]
-    reasons = {n: backends.unavailable_reason(n, **({"device": device} if n == "torch" else {})) for n in names}
+    bases = {n: split_name(n)[0] for n in names}  # ort-cpu:concat -> ort-cpu
+    reasons = {n: backends.unavailable_reason(b, **({"device": device} if b == "torch" else {})) for n, b in bases.items()}
     if all(reasons.values()):  # nothing to measure: say what is missing and how to get it
         raise TwostepError("; ".join(f"backend {n!r} is not available here: {r}. Install: "
-                                     f"{backends.backend_info(n).install}" for n, r in reasons.items()))
+                                     f"{backends.backend_info(bases[n]).install}" for n, r in reasons.items()))
     config = load_artifact(art_dir, check_hashes=False).config
     if src_len > config.max_positions or new_tokens > config.max_positions:
         raise TwostepError(f"--src-len and --new-tokens must be at most max_positions {config.max_positions}")

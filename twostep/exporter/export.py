@@ -19,8 +19,9 @@ from twostep.errors import BadInput, ParityFailure
 from twostep.files import output_directory
 from twostep.exporter.graphs import TRACE_SIZES, export_graph
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
-from twostep.exporter.spec import graph_specs
-from twostep.exporter.validate import SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_graphs
+from twostep.exporter.spec import INPLACE, INPLACE_FILE, INPLACE_OPS, graph_specs, inplace_spec, inplace_unsupported
+from twostep.exporter.validate import (SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_graphs,
+                                       compare_inplace)
 from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
@@ -48,16 +49,23 @@ def versions() -> dict[str, str]:
 
 
 def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str = "fp32", optimize: bool = False,
-           force: bool = False, log=lambda message: None) -> ExportResult:
+           force: bool = False, inplace_cache: bool = False, log=lambda message: None) -> ExportResult:
     """`optimize`: apply ONNX Runtime's transformer fusions (ONNX Runtime only: TensorRT cannot parse them).
+    `inplace_cache`: add the in-place decoder, an ONNX Runtime (CPU) variant whose cache is written in place
+    (twostep.exporter.inplace); the two plain graphs are exported as always.
     `force`: replace an earlier artifact at `out_dir` (never anything else; see twostep.files)."""
     if dtype not in DTYPES:
         raise BadInput(f"--dtype {dtype!r} is not supported by this exporter; choose one of {', '.join(DTYPES)}")
     if not 17 <= opset <= 23:
         raise BadInput(f"--opset {opset} is outside the supported range 17..23")
+    if inplace_cache and dtype == "fp16":
+        raise BadInput("--inplace-cache is for ONNX Runtime on the CPU (fp32 or int8); fp16 artifacts run on GPUs")
     started = time.perf_counter()
     ckpt = load_checkpoint(ckpt_dir)
     model = ckpt.model.eval()
+    reason = inplace_unsupported(model.config) if inplace_cache else None
+    if reason:
+        raise BadInput(f"--inplace-cache: this model cannot have the in-place decoder: {reason}")
     onnx_dtype, precision = DTYPES[dtype]
     specs = graph_specs(model.config, onnx_dtype)
     out_dir = Path(out_dir)
@@ -80,9 +88,25 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
                 path.rename(fp32)
                 quantization = quantize_int8(fp32, path)
                 fp32.unlink()
+        variants = {}
+        if inplace_cache:
+            from twostep.exporter.inplace import export_inplace
+
+            log("exporting the in-place decoder")
+            path = tmp / INPLACE_FILE
+            export_inplace(model, path, opset)
+            if precision == "int8":
+                fp32 = path.with_suffix(".fp32.onnx")
+                path.rename(fp32)
+                quantize_int8(fp32, path)
+                fp32.unlink()
+            variants[INPLACE] = {"file": INPLACE_FILE, **inplace_spec(model.config, onnx_dtype).to_dict(),
+                                 "runtime": "onnxruntime", "ops": INPLACE_OPS}
         if ckpt.tokenizer_path is not None:
             shutil.copyfile(ckpt.tokenizer_path, tmp / "tokenizer.model")
         problems = [p for graph, spec in specs.items() for p in check_declaration(tmp / GRAPH_FILES[graph], spec)]
+        if inplace_cache:
+            problems += check_declaration(tmp / INPLACE_FILE, inplace_spec(model.config, onnx_dtype))
         if problems:
             raise ParityFailure("exported graphs do not match their declaration:\n  " + "\n  ".join(problems))
         c = model.config
@@ -99,6 +123,7 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             "fusions": fusions if optimize else None,  # com.microsoft ops: ONNX Runtime only
             "opset": opset,
             "graphs": {g: {"file": GRAPH_FILES[g], **spec.to_dict()} for g, spec in specs.items()},
+            "variants": variants,  # runtime-specific graphs beside the two (ONNX Runtime's in-place decoder)
             "tokenizer": "tokenizer.model" if ckpt.tokenizer_path is not None else None,
             "task": ckpt.task,
             "exporter": {"versions": versions(), "trace_sizes": TRACE_SIZES,
@@ -106,8 +131,12 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
         }
         write_manifest(tmp, manifest)
         log("validating against eager PyTorch on the shape grid")
-        with OrtBackend(load_artifact(tmp)) as candidate, TorchBackend(model) as reference:
+        with OrtBackend(load_artifact(tmp), kv_cache="concat") as candidate, TorchBackend(model) as reference:
             report = compare_graphs(candidate, reference, precision)
+        if inplace_cache:
+            log("validating the in-place decoder step by step against eager PyTorch")
+            with OrtBackend(load_artifact(tmp), kv_cache="inplace") as candidate, TorchBackend(model) as reference:
+                compare_inplace(candidate, reference, precision, report)
         if not report.ok:
             raise ParityFailure(f"{len(report.failures)} parity failure(s) after export:\n  "
                                 + "\n  ".join(report.failures[:50]))

@@ -115,3 +115,37 @@ def graph_specs(config: ModelConfig, dtype: str = "float32") -> dict[str, GraphS
         ),
     )
     return {"encoder": encoder, "decoder": decoder}
+
+
+# The in-place decoder, an ONNX Runtime-only variant of the decoder (twostep.exporter.inplace): past and present
+# self-attention K/V are one buffer of any capacity, written in place; past_lengths gives each row's length.
+INPLACE = "decoder_inplace"
+INPLACE_FILE = "decoder_inplace.onnx"
+INPLACE_OPS = ["com.microsoft.GroupQueryAttention"]
+
+
+def inplace_unsupported(config: ModelConfig) -> str | None:
+    """Why this model cannot have the in-place decoder, or None."""
+    if config.head_dim_k != config.head_dim_v:
+        return f"its key and value head sizes differ ({config.head_dim_k} and {config.head_dim_v})"
+    if config.head_dim_k % 8:
+        return f"its head size {config.head_dim_k} is not a multiple of 8 (ONNX Runtime's CPU kernel needs one)"
+    return None
+
+
+def inplace_spec(config: ModelConfig, dtype: str = "float32") -> GraphSpec:
+    n, h, dk, dv = config.n_decoder_layers, config.n_heads, config.head_dim_k, config.head_dim_v
+    return GraphSpec(
+        INPLACE,
+        inputs=(
+            TensorSpec("input_ids", "int64", ("batch", "new_len")),
+            TensorSpec("encoder_attention_mask", "int64", ("batch", "src_len")),
+            TensorSpec("past_lengths", "int64", ("batch",)),
+            *kv_specs("past_{kind}_self", n, h, dk, dv, "capacity", dtype),
+            *kv_specs("past_{kind}_cross", n, h, dk, dv, "src_len", dtype),
+        ),
+        outputs=(
+            TensorSpec("logits", dtype, ("batch", "new_len", config.tgt_vocab_size)),
+            *kv_specs("present_{kind}_self", n, h, dk, dv, "capacity", dtype),
+        ),
+    )

@@ -145,3 +145,48 @@ def compare_graphs(candidate: Backend, reference: Backend, precision: str = "fp3
                 if not np.allclose(have, want, atol=atol, rtol=rtol):
                     report.failures.append(f"{case}: {key} max error {err:.3g} > atol {atol:g} + rtol {rtol:g}")
     return report
+
+
+def compare_inplace(candidate: Backend, reference: Backend, precision: str = "fp32",
+                    report: ParityReport | None = None, seed: int = 1) -> ParityReport:
+    """The in-place decoder (candidate.session(), an InplaceSession) against the reference's session, step by
+    step on the grid's batches and source lengths: a 4-token first step, then one token a step past the
+    first capacity (so the buffer grows), a beam-style reorder of the cache, and a row leaving the batch.
+    Tokens are drawn at random, not decoded, so both sides see the same inputs; every step's logits are
+    compared."""
+    report = report or ParityReport()
+    tolerances = TOLERANCES[precision]
+    c = reference.config
+    rng = np.random.default_rng(seed)
+    key = "decoder_inplace.logits"
+    for batch, src_len in itertools.product(SHAPE_GRID["batch"], SHAPE_GRID["src_len"]):
+        ids = rng.integers(min(4, c.src_vocab_size - 1), c.src_vocab_size, (batch, src_len), dtype=np.int64)
+        mask = np.ones((batch, src_len), dtype=np.int64)
+        mask[1:, max(1, src_len // 2):] = 0
+        sessions = candidate.session(), reference.session()
+        for s in sessions:
+            s.start(ids, mask)
+        rows, position, case = batch, 0, f"b{batch}_s{src_len}"
+        for step in range(min(38, c.max_positions - 3)):
+            new = 4 if step == 0 else 1
+            tokens = rng.integers(min(4, c.tgt_vocab_size - 1), c.tgt_vocab_size, (rows, new), dtype=np.int64)
+            have, want = (s.step(tokens) for s in sessions)
+            position += new
+            err = float(np.abs(have - want).max())
+            report.max_error[key] = max(report.max_error.get(key, 0.0), err)
+            if not np.isfinite(have).all():
+                report.failures.append(f"{case}_p{position}: {key} has NaN or infinite values")
+            elif tolerances is not None and not np.allclose(have, want, atol=tolerances["logits"][0],
+                                                         rtol=tolerances["logits"][1]):
+                atol, rtol = tolerances["logits"]
+                report.failures.append(f"{case}_p{position}: {key} max error {err:.3g} > atol {atol:g} + rtol {rtol:g}")
+            if step == 5:  # beams trade places within the batch
+                origin = rng.integers(0, rows, rows)
+                for s in sessions:
+                    s.reorder(origin, cache_only=True)
+            if step == 9 and rows > 1:  # a sentence leaves
+                for s in sessions:
+                    s.reorder(np.arange(1, rows))
+                rows -= 1
+        report.cases += 1
+    return report

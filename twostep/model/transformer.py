@@ -17,6 +17,7 @@ mask value taken from the dtype instead of a `-1e9` literal.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,8 @@ from torch import Tensor, nn
 from twostep.model.config import ModelConfig
 
 KV = tuple[Tensor, Tensor]
+# (attention module, its input h (B, T, D), the layer's past) -> (attended (B, T, D), the layer's present)
+SelfAttention = Callable[[nn.Module, Tensor, KV], tuple[Tensor, KV]]
 
 
 def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
@@ -138,12 +141,18 @@ class DecoderLayer(Sublayers):
         self.cross_attn, self.cross_attn_norm = MultiHeadAttention(config), make_norm(config)
         self.ffn, self.ffn_norm = FeedForward(config), make_norm(config)
 
-    def forward(self, x: Tensor, self_mask: Tensor, past: KV, cross: KV, cross_mask: Tensor) -> tuple[Tensor, KV]:
+    def forward(self, x: Tensor, self_mask: Tensor, past: KV, cross: KV, cross_mask: Tensor,
+                attend: SelfAttention | None = None) -> tuple[Tensor, KV]:
+        """`attend` replaces the cached self-attention (an export variant: twostep.exporter.inplace)."""
         h = self.sublayer_input(x, self.self_attn_norm)
-        k_new, v_new = self.self_attn.project_kv(h)
-        k = torch.cat([past[0], k_new], dim=2)  # (B, H, past + new, Dk)
-        v = torch.cat([past[1], v_new], dim=2)
-        x = self.add(x, self.self_attn(h, k, v, self_mask), self.self_attn_norm)
+        if attend is None:
+            k_new, v_new = self.self_attn.project_kv(h)
+            k = torch.cat([past[0], k_new], dim=2)  # (B, H, past + new, Dk)
+            v = torch.cat([past[1], v_new], dim=2)
+            attended, (k, v) = self.self_attn(h, k, v, self_mask), (k, v)
+        else:
+            attended, (k, v) = attend(self.self_attn, h, past)
+        x = self.add(x, attended, self.self_attn_norm)
         h = self.sublayer_input(x, self.cross_attn_norm)
         x = self.add(x, self.cross_attn(h, cross[0], cross[1], cross_mask), self.cross_attn_norm)
         h = self.sublayer_input(x, self.ffn_norm)
@@ -184,8 +193,13 @@ class Transformer(nn.Module):
             self.generator.weight = self.tgt_embed.weight
 
     def embed(self, table: nn.Embedding, stack: Stack, ids: Tensor, start: Tensor | int) -> Tensor:
+        """`start`: the first position, or one per row (B,) where rows are at different positions."""
         t = ids.shape[1]
-        x = table(ids) * self.embed_scale + self.pos_table[start : start + t]  # (B, T, D)
+        if isinstance(start, Tensor) and start.dim() == 1:
+            positions = self.pos_table[start[:, None] + torch.arange(t, device=ids.device)]  # (B, T, D)
+        else:
+            positions = self.pos_table[start : start + t]  # (T, D)
+        x = table(ids) * self.embed_scale + positions  # (B, T, D)
         x = self.embed_dropout(x)
         return stack.embed_norm(x) if stack.embed_norm is not None else x
 
@@ -200,19 +214,25 @@ class Transformer(nn.Module):
         return [layer.cross_attn.project_kv(x) for layer in self.decoder.layers]
 
     def decode_step(
-        self, input_ids: Tensor, encoder_attention_mask: Tensor, past: list[KV], cross: list[KV]
+        self, input_ids: Tensor, encoder_attention_mask: Tensor, past: list[KV], cross: list[KV],
+        attend: SelfAttention | None = None, past_lengths: Tensor | None = None,
     ) -> tuple[Tensor, list[KV]]:
-        """input_ids (B, T) new tokens; past[i] (B, H, P, Dh) -> logits (B, T, V), present[i] (B, H, P + T, Dh)."""
+        """input_ids (B, T) new tokens; past[i] (B, H, P, Dh) -> logits (B, T, V), present[i] (B, H, P + T, Dh).
+        An export variant passes `attend` (the cached self-attention, which then owns the cache layout) and
+        `past_lengths` (B,), each row's past length, which then sets the positions."""
         past_len, new_len = past[0][0].shape[2], input_ids.shape[1]
-        query_pos = torch.arange(new_len, device=input_ids.device) + past_len  # (T,)
-        key_pos = torch.arange(past_len + new_len, device=input_ids.device)  # (P + T,)
-        self_mask = (key_pos[None, :] <= query_pos[:, None])[None, None]  # (1, 1, T, P + T)
+        self_mask = None
+        if attend is None:
+            query_pos = torch.arange(new_len, device=input_ids.device) + past_len  # (T,)
+            key_pos = torch.arange(past_len + new_len, device=input_ids.device)  # (P + T,)
+            self_mask = (key_pos[None, :] <= query_pos[:, None])[None, None]  # (1, 1, T, P + T)
         cross_mask = encoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
 
-        x = self.embed(self.tgt_embed, self.decoder, input_ids, past_len)
+        start = past_len if past_lengths is None else past_lengths
+        x = self.embed(self.tgt_embed, self.decoder, input_ids, start)
         present = []
         for layer, layer_past, layer_cross in zip(self.decoder.layers, past, cross):
-            x, kv = layer(x, self_mask, layer_past, layer_cross, cross_mask)
+            x, kv = layer(x, self_mask, layer_past, layer_cross, cross_mask, attend)
             present.append(kv)
         if self.decoder.final_norm is not None:
             x = self.decoder.final_norm(x)

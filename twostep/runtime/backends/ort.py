@@ -1,4 +1,4 @@
-"""ONNX Runtime backends: `ort-cpu`, and `ort-cuda` (CUDA execution provider with IO binding, so that the
+"""ONNX Runtime backends: `ort-cpu` (with the in-place decoder when the artifact has one), and `ort-cuda` (CUDA execution provider with IO binding, so that the
 KV cache and cross K/V stay on the device between steps; only token ids and beam origins cross to the host).
 """
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 
 from twostep.artifact import Artifact, check_ledger, record_ledger
-from twostep.errors import BackendUnavailable, BadArtifact
+from twostep.errors import BackendUnavailable, BadArtifact, BadInput
+from twostep.exporter.spec import INPLACE
 from twostep.runtime.backends.base import Backend, Feeds
 
 
@@ -32,15 +33,31 @@ def import_ort():
     return onnxruntime
 
 
+KV_CACHES = ("auto", "inplace", "concat")
+
+
 class OrtBackend(Backend):
+    """`kv_cache`: "inplace" decodes with the artifact's in-place decoder (twostep export --inplace-cache),
+    "concat" with the plain decoder, "auto" (the default) with the in-place one where the artifact has it."""
+
     name = "ort-cpu"
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    runs_inplace = True  # the in-place decoder's kernel is ONNX Runtime's CPU one
 
-    def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all"):
+    def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all",
+                 kv_cache: str = "auto"):
         super().__init__(artifact.config, artifact.graphs)
         self.artifact, self.threads, self.optimization = artifact, threads, optimization
         self.precision = artifact.precision
         self.sessions: dict = {}
+        if kv_cache not in KV_CACHES:
+            raise BadInput(f"kv_cache {kv_cache!r}: choose one of {', '.join(KV_CACHES)}")
+        if kv_cache == "inplace" and not self.runs_inplace:
+            raise BadInput(f"{self.name} runs the plain decoder only; kv_cache 'inplace' is for ort-cpu")
+        if kv_cache == "inplace" and INPLACE not in artifact.variants:
+            raise BadInput(f"{artifact.path} has no in-place decoder: export it with `twostep export "
+                           "--inplace-cache`, or use kv_cache 'auto' or 'concat'")
+        self.inplace = self.runs_inplace and kv_cache != "concat" and INPLACE in artifact.variants
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -74,8 +91,10 @@ class OrtBackend(Backend):
 
     def _load(self) -> None:
         ort = import_ort()
-        for graph in self.graphs:
-            path = self.artifact.graph_file(graph)
+        files = {graph: self.artifact.graph_file(graph) for graph in self.graphs}
+        if self.inplace:
+            files[INPLACE] = self.artifact.variant_file(INPLACE)
+        for graph, path in files.items():
             try:
                 self.sessions[graph] = ort.InferenceSession(str(path), self.session_options(),
                                                             providers=self.provider_list(graph))
@@ -97,6 +116,14 @@ class OrtBackend(Backend):
     def _close(self) -> None:
         self.sessions.clear()
 
+    def session(self):
+        if not self.inplace:
+            return super().session()
+        from twostep.runtime.backends.inplace import InplaceSession
+
+        self.load()
+        return InplaceSession(self)
+
 
 class OrtCudaBackend(OrtBackend):
     """ONNX Runtime's CUDA provider, with TF32 off for fp32 artifacts (the provider's `use_tf32` defaults to
@@ -104,6 +131,7 @@ class OrtCudaBackend(OrtBackend):
 
     name = "ort-cuda"
     providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    runs_inplace = False
 
     def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all", tf32: bool = False):
         super().__init__(artifact, threads, optimization)

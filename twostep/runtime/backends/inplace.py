@@ -1,0 +1,104 @@
+"""ort-cpu's step session over the in-place decoder (twostep.exporter.inplace).
+
+The self-attention cache is one host buffer per layer and kind, (rows, heads, capacity, head_dim), bound
+with IO binding as both the past input and the present output, so ONNX Runtime writes each step's K/V into
+it: nothing is concatenated or handed back. The capacity doubles when a decode outgrows it. Beam search's
+reorder moves, in place, only the rows whose beam of origin is another row, and only their filled
+positions; cross K/V and the mask are bound once per batch. Logits land in a buffer reused across steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from twostep.errors import BadInput
+from twostep.exporter.spec import INPLACE, present_name
+from twostep.runtime.backends.base import NUMPY_DTYPES, check_positions
+
+FIRST_CAPACITY = 32
+
+
+class InplaceSession:
+    def __init__(self, backend):
+        from twostep.runtime.backends.ort import import_ort
+
+        self.ort = import_ort()
+        self.backend = backend
+        self.session = backend.sessions[INPLACE]
+        self.spec = backend.artifact.variants[INPLACE]
+        self.self_names = [t.name for t in self.spec.past_self]
+        self.dtype = NUMPY_DTYPES[self.spec.past_self[0].dtype]
+        self.rows = self.position = self.capacity = 0
+        self.fixed: dict[str, np.ndarray] = {}  # mask and cross K/V, fixed for a batch
+        self.cache: dict[str, np.ndarray] = {}
+        self.values: dict = {}  # OrtValues over fixed and cache, made once per allocation
+        self.logits = None
+
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
+        enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
+        self.fixed = {"encoder_attention_mask": np.ascontiguousarray(attention_mask)}
+        self.fixed.update({t.name: enc[present_name(t.name)] for t in self.spec.past_cross})
+        self.rows, self.position, self.capacity = input_ids.shape[0], 0, 0
+        self.cache = {}
+        self.bind_fixed()
+        self.reserve(FIRST_CAPACITY)
+
+    def bind_fixed(self) -> None:
+        self.values = {name: self.ort.OrtValue.ortvalue_from_numpy(a) for name, a in self.fixed.items()}
+        self.values.update({name: self.ort.OrtValue.ortvalue_from_numpy(a) for name, a in self.cache.items()})
+
+    def reserve(self, positions: int) -> None:
+        """Capacity for `positions`: doubled (up to max_positions), the filled part copied over."""
+        if positions <= self.capacity:
+            return
+        capacity = min(max(positions, 2 * self.capacity, FIRST_CAPACITY), self.backend.config.max_positions)
+        for t in self.spec.past_self:
+            grown = np.zeros(t.concrete(batch=self.rows, capacity=capacity), self.dtype)
+            if t.name in self.cache:
+                grown[:, :, : self.position] = self.cache[t.name][:, :, : self.position]
+            self.cache[t.name] = grown
+            self.values[t.name] = self.ort.OrtValue.ortvalue_from_numpy(grown)
+        self.capacity = capacity
+
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        new = input_ids.shape[1]
+        check_positions(self.backend.config, self.position + new)
+        if new > 1 and self.position > 0 and self.rows > 1:
+            raise BadInput("the in-place decoder takes one new token per step once the cache holds a past "
+                           "(ONNX Runtime's GroupQueryAttention); feed tokens one at a time or use kv_cache='concat'")
+        self.reserve(self.position + new)
+        shape = (self.rows, new, self.backend.config.tgt_vocab_size)
+        if self.logits is None or self.logits.shape != shape:
+            self.logits = np.empty(shape, self.dtype)
+            self.logits_value = self.ort.OrtValue.ortvalue_from_numpy(self.logits)
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids))
+        binding.bind_cpu_input("past_lengths", np.full(self.rows, self.position, dtype=np.int64))
+        for name in self.fixed:
+            binding.bind_ortvalue_input(name, self.values[name])
+        binding.bind_ortvalue_output("logits", self.logits_value)
+        for name in self.self_names:
+            binding.bind_ortvalue_input(name, self.values[name])
+            binding.bind_ortvalue_output(present_name(name), self.values[name])
+        self.session.run_with_iobinding(binding)
+        self.position += new
+        return np.asarray(self.logits[:, -1], dtype=np.float32)
+
+    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
+        origin = np.asarray(origin)
+        if len(origin) == self.rows:  # in place: only rows that take another row's cache
+            moved = np.flatnonzero(origin != np.arange(self.rows))
+            if len(moved):
+                for name in self.self_names:
+                    buffer = self.cache[name]
+                    buffer[moved, :, : self.position] = buffer[origin[moved], :, : self.position]
+        else:  # rows leave or the batch expands: new buffers of the new row count
+            for name in self.self_names:
+                buffer = np.zeros((len(origin), *self.cache[name].shape[1:]), self.dtype)
+                buffer[:, :, : self.position] = self.cache[name][origin, :, : self.position]
+                self.cache[name] = buffer
+        if not cache_only:
+            self.fixed = {name: np.ascontiguousarray(a[origin]) for name, a in self.fixed.items()}
+        if not cache_only or len(origin) != self.rows:
+            self.rows = len(origin)
+            self.bind_fixed()
