@@ -132,3 +132,12 @@ def test_beam_candidates_are_a_stable_argsort_prefix_over_each_sentence():
             np.testing.assert_array_equal(got_flat[j, : len(order)], order)
             np.testing.assert_array_equal(got_total[j, : len(order)], total[j, order])
             assert (got_flat[j, len(order):] == -1).all() and (got_total[j, len(order):] == -np.inf).all()
+
+
+def test_log_normalisers_of_a_large_batch_split_in_two_threads_are_those_of_one_pass():
+    logits = np.random.default_rng(2).standard_normal((37, 40000)).astype(np.float32) * 4
+    assert logits.size >= decoding.PARALLEL_ELEMENTS
+    top, lse = decoding.row_log_normalisers(logits)
+    x = logits.astype(np.float64)
+    np.testing.assert_array_equal(top, x.max(-1))
+    np.testing.assert_array_equal(lse, np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)))

@@ -139,7 +139,33 @@ def top_candidates(scores: np.ndarray, n: int) -> np.ndarray:
 def row_log_normalisers(logits: np.ndarray, scratch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(max, log-sum-exp of logits - max) per row, in float64: log_softmax(x) = (x - max) - lse, rounded as
     `log_softmax(logits.astype(float64))` rounds. `scratch`, a float64 array of the logits' shape, saves an
-    allocation per step."""
+    allocation per step. Large batches are split in two, the halves computed at once (numpy's ufuncs let go
+    of the GIL), while the backend's threads are idle between steps; each row's sum is the same either way."""
+    if scratch is None:
+        scratch = np.empty(logits.shape, dtype=np.float64)
+    if logits.size < PARALLEL_ELEMENTS:
+        return _normalisers(logits, scratch)
+    half = len(logits) // 2
+    other = helper_pool().submit(_normalisers, logits[half:], scratch[half:])
+    top, lse = _normalisers(logits[:half], scratch[:half])
+    top2, lse2 = other.result()
+    return np.concatenate([top, top2]), np.concatenate([lse, lse2])
+
+
+PARALLEL_ELEMENTS = 1 << 20  # below this, a second thread costs more than it saves
+_pool = None
+
+
+def helper_pool():
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(1, thread_name_prefix="twostep-beam")
+    return _pool
+
+
+def _normalisers(logits: np.ndarray, scratch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     top = logits.max(-1).astype(np.float64)
     shifted = np.subtract(logits, top[:, None], out=scratch, dtype=np.float64)
     np.exp(shifted, out=shifted)
@@ -152,17 +178,25 @@ def row_candidates(logits: np.ndarray, n: int, rows: np.ndarray) -> tuple[np.nda
     maxima is a lower bound of the n-th largest entry, and only the chunks above it are read again."""
     vocab = logits.shape[1]
     width = -(-vocab // max(4 * n, 64))  # chunk width: at least 4n chunks
-    if vocab // width < n or not len(rows):  # few columns: every entry is a candidate
+    full = vocab // width  # whole chunks; a shorter one may follow
+    if full < n or not len(rows):  # few columns: every entry is a candidate
         r, c = np.nonzero(logits[rows] > -np.inf)
         return rows[r], c
     chosen = logits if len(rows) == len(logits) else logits[rows]
-    maxima = np.maximum.reduceat(chosen, np.arange(0, vocab, width), axis=1)  # (R', C)
-    bound = np.partition(maxima, maxima.shape[1] - n, axis=1)[:, maxima.shape[1] - n]
+    maxima = np.maximum.reduceat(chosen, np.arange(0, vocab, width), axis=1)  # (R', chunks)
+    chunks = maxima.shape[1]
+    bound = np.partition(maxima, chunks - n, axis=1)[:, chunks - n]
     r, chunk = np.nonzero(maxima >= bound[:, None])
-    cols = chunk[:, None] * width + np.arange(width)  # the columns of each chunk above the bound
-    values = logits[rows[r][:, None], np.minimum(cols, vocab - 1)]
-    hit = (cols < vocab) & (values >= bound[r][:, None]) & (values > -np.inf)
-    return np.broadcast_to(rows[r][:, None], cols.shape)[hit], cols[hit]
+    whole = chunk < full
+    blocks = chosen[:, : full * width].reshape(len(chosen), full, width)  # a view: chunks as rows
+    values = blocks[r[whole], chunk[whole]]  # (hits, width)
+    i, col = np.nonzero((values >= bound[r[whole]][:, None]) & (values > -np.inf))
+    out_r, out_c = [r[whole][i]], [chunk[whole][i] * width + col]
+    for row in r[~whole]:  # the short last chunk
+        tail = chosen[row, full * width :]
+        (col,) = np.nonzero((tail >= bound[row]) & (tail > -np.inf))
+        out_r.append(np.full(len(col), row)), out_c.append(full * width + col)
+    return rows[np.concatenate(out_r)], np.concatenate(out_c)
 
 
 def beam_candidates(logits: np.ndarray, scores: np.ndarray, n: int, skip_token: int | None = None,
