@@ -145,15 +145,17 @@ def convert(ckpt_dir, out_dir, quantization: str | None = None, overwrite: bool 
 
 
 def ct2_greedy(model_dir, sources, max_new_tokens: int, compute_type: str = "float32", threads: int = 2,
-               suppress_eos: bool = False, translator: ctranslate2.Translator | None = None) -> list[list[int]]:
-    """Greedy decoding with CTranslate2; sources are id lists (ending with eos), results ids without bos/eos."""
+               suppress_eos: bool = False, translator: ctranslate2.Translator | None = None,
+               beam_size: int = 1) -> list[list[int]]:
+    """Greedy (or beam, best hypothesis) decoding with CTranslate2; sources are id lists (ending with eos),
+    results ids without bos/eos."""
     if translator is None:
         translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
                                             intra_threads=threads)
     names = _load_vocab(model_dir, "source")
     ids = {t: i for i, t in enumerate(_load_vocab(model_dir, "target"))}
     results = translator.translate_batch(
-        [[names[i] for i in s] for s in sources], beam_size=1, max_input_length=0,
+        [[names[i] for i in s] for s in sources], beam_size=beam_size, max_input_length=0, length_penalty=1.0,
         max_decoding_length=max_new_tokens,
         # min length == max length disables the end token at every step: twostep's suppress_eos
         min_decoding_length=max_new_tokens if suppress_eos else 1,
@@ -173,17 +175,20 @@ def random_sources(vocab: int, eos_id: int, n: int, src_len: int, seed: int) -> 
 
 
 def check_same_tokens(ckpt_dir, ct2_dir, n: int = 32, src_len: int = 40, seed: int = 0, max_new_tokens: int = 64,
-                      compute_type: str = "float32", suppress_eos: bool = False, threads: int = 2):
-    """Greedy on n random sentences with twostep eager and CTranslate2; returns (identical, total)."""
+                      compute_type: str = "float32", suppress_eos: bool = False, threads: int = 2,
+                      beam_size: int = 1):
+    """Greedy (or beam search's best hypothesis) on n random sentences with twostep eager and CTranslate2;
+    returns (identical, total)."""
     import torch
 
     torch.set_num_threads(threads)
     ckpt = load_checkpoint(Path(ckpt_dir))
     c = ckpt.config
     sources = random_sources(c.src_vocab_size, c.eos_id, n, src_len, seed)
-    ref = decoding.greedy(TorchSession(ckpt.model), sources, bos_id=c.bos_id, eos_id=c.eos_id, pad_id=c.pad_id,
-                          max_new_tokens=max_new_tokens, suppress_eos=suppress_eos)
-    got = ct2_greedy(ct2_dir, sources, max_new_tokens, compute_type, threads, suppress_eos)
+    options = decoding.DecodeOptions(beam_size=beam_size, suppress_eos=suppress_eos)
+    ref = [hyps[0].tokens for hyps in decoding.decode(TorchSession(ckpt.model), sources, options, bos_id=c.bos_id,
+                                                      eos_id=c.eos_id, pad_id=c.pad_id, max_new_tokens=max_new_tokens)]
+    got = ct2_greedy(ct2_dir, sources, max_new_tokens, compute_type, threads, suppress_eos, beam_size=beam_size)
     return sum(a == b for a, b in zip(ref, got)), n
 
 

@@ -68,6 +68,36 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def memory_bandwidth_gbs(threads: int = 2, megabytes: int = 256, repeats: int = 7) -> float:
+    """Read bandwidth of this machine in GB/s: the median over `repeats` of `threads` threads summing their
+    share of a float32 array far larger than the caches (numpy's reductions let go of the GIL). A decode
+    step at batch 1 reads every decoder weight once, so weight bytes / this is its floor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = np.ones(megabytes * (1 << 20) // 4, dtype=np.float32)
+    parts = np.array_split(data, threads)
+    rates = []
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(np.sum, parts))  # pages touched, threads started
+        for _ in range(repeats):
+            started = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            rates.append(data.nbytes / (time.perf_counter() - started) / 1e9)
+    return float(np.median(rates))
+
+
+def weight_bytes_per_step(graph_file: Path) -> int:
+    """Bytes of the weights a decode step reads: every initializer that a node other than Gather consumes
+    (an embedding lookup reads one row of its table, not the table)."""
+    import onnx
+
+    model = onnx.load(str(graph_file), load_external_data=False)
+    sizes = {t.name: int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+             for t in model.graph.initializer}
+    read = {name for node in model.graph.node if node.op_type != "Gather" for name in node.input if name in sizes}
+    return sum(sizes[name] for name in read)
+
+
 def measure(name: str, w: Workload, request: Callable[[], None], encode: Callable[[], None] | None,
             warmup: int, iters: int, tick: Callable[[], None] = lambda: None, load_s: float = 0.0) -> Result:
     """Median whole-request time over `iters` after `warmup`; `encode` alone is timed to split off the encoder."""

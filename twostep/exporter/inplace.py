@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.export import Dim
 
@@ -34,22 +35,23 @@ from twostep.exporter.spec import inplace_spec
 from twostep.model.transformer import KV, Transformer
 
 @torch.library.custom_op("twostep::group_query_attention", mutates_args=())
-def group_query_attention(query: Tensor, key: Tensor, value: Tensor, past_key: Tensor, past_value: Tensor,
-                          seqlens_k: Tensor, total_sequence_length: Tensor, num_heads: int,
-                          scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Stands for ONNX Runtime's kernel while tracing; it has no eager implementation of its own (the
-    exported graph is checked against the model's eager decode_step instead)."""
+def group_query_attention(qkv: Tensor, past_key: Tensor, past_value: Tensor, seqlens_k: Tensor,
+                          total_sequence_length: Tensor, num_heads: int, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Stands for ONNX Runtime's kernel, with query, key and value packed in one tensor (B, T, 3 * H * Dh),
+    while tracing; it has no eager implementation of its own (the exported graph is checked against the
+    model's eager decode_step instead)."""
     raise NotImplementedError("twostep::group_query_attention only exists to be exported to ONNX")
 
 
 @group_query_attention.register_fake
-def _(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, num_heads, scale):
-    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
+def _(qkv, past_key, past_value, seqlens_k, total_sequence_length, num_heads, scale):
+    b, t, _ = qkv.shape
+    return qkv.new_empty(b, t, num_heads * past_key.shape[3]), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
-def onnx_group_query_attention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-                               num_heads: int, scale: float):
-    return _ort_op()(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+def onnx_group_query_attention(qkv, past_key, past_value, seqlens_k, total_sequence_length, num_heads: int,
+                               scale: float):
+    return _ort_op()(qkv, None, None, past_key, past_value, seqlens_k, total_sequence_length,
                      num_heads=num_heads, kv_num_heads=num_heads, scale=scale)
 
 
@@ -73,11 +75,23 @@ def _ort_op():
 
 
 class InplaceDecoderGraph(nn.Module):
-    """The model's decode_step, with each layer's cached self-attention handed to the contrib op."""
+    """The model's decode_step, with each layer's cached self-attention handed to the contrib op. Its three
+    projections are one (their weights stacked): one matrix product a layer instead of three, which at batch
+    1 (where each product's fixed cost counts) is a tenth of a step, and the op takes the packed result."""
 
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
+        self.packed = {}
+        for i, layer in enumerate(model.decoder.layers):
+            attn = layer.self_attn
+            weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+            self.register_buffer(f"qkv_weight_{i}", weight)
+            bias = None
+            if attn.q_proj.bias is not None:
+                bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+                self.register_buffer(f"qkv_bias_{i}", bias)
+            self.packed[id(attn)] = i
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, past_lengths: Tensor,
                 past_self: list[Tensor], past_cross: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
@@ -86,9 +100,10 @@ class InplaceDecoderGraph(nn.Module):
         total = (past_lengths.max() + new_len).to(torch.int32)
 
         def attend(attn: nn.Module, h: Tensor, past: KV) -> tuple[Tensor, KV]:
+            i = self.packed[id(attn)]
+            qkv = F.linear(h, getattr(self, f"qkv_weight_{i}"), getattr(self, f"qkv_bias_{i}", None))
             out, key, value = torch.ops.twostep.group_query_attention(
-                attn.q_proj(h), attn.k_proj(h), attn.v_proj(h), past[0], past[1], seqlens_k, total,
-                attn.n_heads, 1.0 / math.sqrt(attn.d_k))
+                qkv, past[0], past[1], seqlens_k, total, attn.n_heads, 1.0 / math.sqrt(attn.d_k))
             return attn.out_proj(out), (key, value)
 
         logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),

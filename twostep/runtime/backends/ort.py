@@ -90,16 +90,19 @@ class OrtBackend(Backend):
         return options
 
     def _load(self) -> None:
+        # With the in-place decoder, the plain one is loaded only if something runs it (verify's graph
+        # parity): decoding never does, and it would hold a second copy of the decoder's weights.
+        for graph in ["encoder", INPLACE] if self.inplace else list(self.graphs):
+            self.open_session(graph)
+
+    def open_session(self, graph: str) -> None:
         ort = import_ort()
-        files = {graph: self.artifact.graph_file(graph) for graph in self.graphs}
-        if self.inplace:
-            files[INPLACE] = self.artifact.variant_file(INPLACE)
-        for graph, path in files.items():
-            try:
-                self.sessions[graph] = ort.InferenceSession(str(path), self.session_options(),
-                                                            providers=self.provider_list(graph))
-            except Exception as exc:  # onnxruntime raises its own exception types for unreadable models
-                raise BadArtifact(f"{path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0][:300]}") from None
+        path = self.artifact.variant_file(graph) if graph == INPLACE else self.artifact.graph_file(graph)
+        try:
+            self.sessions[graph] = ort.InferenceSession(str(path), self.session_options(),
+                                                        providers=self.provider_list(graph))
+        except Exception as exc:  # onnxruntime raises its own exception types for unreadable models
+            raise BadArtifact(f"{path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0][:300]}") from None
 
     def provider_list(self, graph: str | None = None) -> list:
         return list(self.providers)
@@ -109,6 +112,8 @@ class OrtBackend(Backend):
         return list(self.providers)
 
     def _run(self, graph: str, feeds: Feeds) -> Feeds:
+        if graph not in self.sessions:
+            self.open_session(graph)
         session = self.sessions[graph]
         names = self.graphs[graph].output_names
         return dict(zip(names, session.run(names, feeds)))
