@@ -57,6 +57,14 @@ def demo_artifact(tmp_path_factory, demo_model_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_inplace(tmp_path_factory, demo_model_dir):
+    """The demo model exported with the in-place decoder: (ExportResult)."""
+    from twostep.exporter.export import export
+
+    return export(demo_model_dir, tmp_path_factory.mktemp("demo-inplace") / "art", inplace_cache=True)
+
+
+@pytest.fixture(scope="session")
 def base_export(tmp_path_factory):
     """The base preset (random weights, vocab 32000) exported once per session: (ExportResult)."""
     from twostep.exporter.export import export

@@ -59,6 +59,19 @@ def test_cpp_matches_python_runtime(cpp_build, demo_artifact, test_sentences, be
     assert_same(f"beam {beam} ids", ids_lines(py_ids), ids.stdout.splitlines())
 
 
+def test_cpp_decodes_an_artifact_with_the_in_place_variant_as_python_does(cpp_build, demo_inplace, test_sentences):
+    """The C++ library reads the plain graphs of an artifact that also carries ONNX Runtime's in-place
+    decoder, and its beam search gives what Python's gives with the in-place decoder."""
+    translator, backend = open_translator(demo_inplace.path, "ort-cpu", options=DecodeOptions(beam_size=4))
+    assert backend.inplace
+    with backend:
+        sources = translator.encode(test_sentences)
+        py_ids = translator.translate_ids(sources)
+    ids = translate(cpp_build, demo_inplace.path, ids_lines(sources), "--beam", 4, "--ids")
+    assert ids.returncode == 0, ids.stderr
+    assert_same("beam 4 ids", ids_lines(py_ids), ids.stdout.splitlines())
+
+
 def test_cpp_n_best_matches_python(cpp_build, demo_artifact, test_sentences):
     options = DecodeOptions(beam_size=4, n_best=3, length_penalty=0.6)
     translator, backend = open_translator(demo_artifact, "ort-cpu", options=options)

@@ -28,13 +28,6 @@ from twostep.runtime.translator import Specials, Translator
 from twostep.verify import test_sources as split_sources
 
 
-@pytest.fixture(scope="module")
-def demo_inplace(tmp_path_factory, demo_model_dir):
-    from twostep.exporter.export import export
-
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo-inplace") / "art", inplace_cache=True)
-
-
 def test_export_adds_the_variant_beside_unchanged_plain_graphs(demo_inplace, demo_artifact):
     art = load_artifact(demo_inplace.path)
     plain = load_artifact(demo_artifact)

@@ -4,7 +4,8 @@ The self-attention cache is one host buffer per layer and kind, (rows, heads, ca
 with IO binding as both the past input and the present output, so ONNX Runtime writes each step's K/V into
 it: nothing is concatenated or handed back. The capacity doubles when a decode outgrows it. Beam search's
 reorder moves, in place, only the rows whose beam of origin is another row, and only their filled
-positions; cross K/V and the mask are bound once per batch. Logits land in a buffer reused across steps.
+positions; cross K/V and the mask are bound once per batch. Logits land in a buffer reused across steps,
+and one IO binding serves every step until a buffer changes: a step binds only its token ids and lengths.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class InplaceSession:
         self.cache: dict[str, np.ndarray] = {}
         self.values: dict = {}  # OrtValues over fixed and cache, made once per allocation
         self.logits = None
+        self.binding = None  # bound to values and logits; None when one of them changed
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
         enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
@@ -46,6 +48,7 @@ class InplaceSession:
     def bind_fixed(self) -> None:
         self.values = {name: self.ort.OrtValue.ortvalue_from_numpy(a) for name, a in self.fixed.items()}
         self.values.update({name: self.ort.OrtValue.ortvalue_from_numpy(a) for name, a in self.cache.items()})
+        self.binding = None
 
     def reserve(self, positions: int) -> None:
         """Capacity for `positions`: doubled (up to max_positions), the filled part copied over."""
@@ -59,6 +62,20 @@ class InplaceSession:
             self.cache[t.name] = grown
             self.values[t.name] = self.ort.OrtValue.ortvalue_from_numpy(grown)
         self.capacity = capacity
+        self.binding = None
+
+    def bound(self):
+        """The binding of everything but token ids and lengths, made again after a buffer changed."""
+        if self.binding is None:
+            binding = self.session.io_binding()
+            for name in self.fixed:
+                binding.bind_ortvalue_input(name, self.values[name])
+            binding.bind_ortvalue_output("logits", self.logits_value)
+            for name in self.self_names:
+                binding.bind_ortvalue_input(name, self.values[name])
+                binding.bind_ortvalue_output(present_name(name), self.values[name])
+            self.binding = binding
+        return self.binding
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
         new = input_ids.shape[1]
@@ -71,15 +88,12 @@ class InplaceSession:
         if self.logits is None or self.logits.shape != shape:
             self.logits = np.empty(shape, self.dtype)
             self.logits_value = self.ort.OrtValue.ortvalue_from_numpy(self.logits)
-        binding = self.session.io_binding()
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids))
-        binding.bind_cpu_input("past_lengths", np.full(self.rows, self.position, dtype=np.int64))
-        for name in self.fixed:
-            binding.bind_ortvalue_input(name, self.values[name])
-        binding.bind_ortvalue_output("logits", self.logits_value)
-        for name in self.self_names:
-            binding.bind_ortvalue_input(name, self.values[name])
-            binding.bind_ortvalue_output(present_name(name), self.values[name])
+            self.binding = None
+        binding = self.bound()
+        # held until the next step: ONNX Runtime may read them in place
+        self.feeds = np.ascontiguousarray(input_ids), np.full(self.rows, self.position, dtype=np.int64)
+        binding.bind_cpu_input("input_ids", self.feeds[0])
+        binding.bind_cpu_input("past_lengths", self.feeds[1])
         self.session.run_with_iobinding(binding)
         self.position += new
         return np.asarray(self.logits[:, -1], dtype=np.float32)
