@@ -1,0 +1,126 @@
+"""Where a beam-search request's time goes: the decoder steps inside ONNX Runtime, the cache reorders, and
+the host loop (candidate selection, bookkeeping, the encoder), then ONNX Runtime's own per-op profile.
+
+    python -m benchmarks.beam_profile ARTIFACT [--kv-cache auto|inplace|concat] [--loop vectorised|reference]
+                                      [--batch 32] [--beam 4] [--new-tokens 64] [--threads 2]
+
+`--loop reference` runs the per-sentence beam loop twostep had before it was vectorised (kept in
+tests/reference_beam.py as the oracle of the tests), for a before/after on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from twostep.artifact import load_artifact
+from twostep.bench import make_sources
+from twostep.exporter.spec import INPLACE
+from twostep.runtime import decoding
+from twostep.runtime.backends.ort import OrtBackend
+
+
+class Timed:
+    """A step session whose step and reorder calls are timed."""
+
+    def __init__(self, session):
+        self.session, self.step_s, self.reorder_s = session, 0.0, 0.0
+
+    def start(self, ids, mask):
+        self.session.start(ids, mask)
+
+    def step(self, ids):
+        started = time.perf_counter()
+        out = self.session.step(ids)
+        self.step_s += time.perf_counter() - started
+        return out
+
+    def reorder(self, origin, cache_only=False):
+        started = time.perf_counter()
+        self.session.reorder(origin, cache_only)
+        self.reorder_s += time.perf_counter() - started
+
+
+def beam_loop(name: str):
+    if name == "vectorised":
+        return decoding.beam_search
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from reference_beam import beam_search
+
+    return beam_search
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("artifact", type=Path)
+    p.add_argument("--kv-cache", default="auto")
+    p.add_argument("--loop", default="vectorised", choices=("vectorised", "reference"))
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--src-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ops", type=int, default=8, help="profiled steps for the per-op table (0: none)")
+    args = p.parse_args(argv)
+    artifact = load_artifact(args.artifact)
+    search = beam_loop(args.loop)
+    with OrtBackend(artifact, threads=args.threads, kv_cache=args.kv_cache) as backend:
+        c = backend.config
+        sources = make_sources(c.src_vocab_size, c.eos_id, args.batch, args.src_len)
+        options = dict(beam_size=args.beam, bos_id=c.bos_id, eos_id=c.eos_id, pad_id=c.pad_id,
+                       max_new_tokens=args.new_tokens, suppress_eos=True)
+        search(backend.session(), sources, **options)  # warm-up
+        session = Timed(backend.session())
+        started = time.perf_counter()
+        search(session, sources, **options)
+        total = time.perf_counter() - started
+        decoder = INPLACE if backend.inplace else "decoder"
+    steps = args.new_tokens
+    host = total - session.step_s - session.reorder_s
+    print(f"{args.artifact.name}, {decoder}, {args.loop} loop, batch {args.batch} beam {args.beam}, {steps} tokens: "
+          f"{total:.2f} s ({args.batch * steps / total:.0f} tokens/s) = decoder steps {session.step_s:.2f} s "
+          f"({1000 * session.step_s / steps:.1f} ms/step) + reorders {session.reorder_s:.2f} s "
+          f"({1000 * session.reorder_s / steps:.1f} ms/step) + host {host:.2f} s ({1000 * host / steps:.1f} ms/step, "
+          "with the encoder)")
+    if args.ops:
+        print(op_profile(artifact, args, decoder))
+    return 0
+
+
+def op_profile(artifact, args, decoder: str) -> str:
+    """ONNX Runtime's profiler over `--ops` decoder steps at batch x beam rows, past up to --ops."""
+    with tempfile.TemporaryDirectory() as tmp:
+        class Profiled(OrtBackend):
+            def session_options(self):
+                options = super().session_options()
+                options.enable_profiling, options.profile_file_prefix = True, f"{tmp}/ort"
+                return options
+
+        with Profiled(artifact, threads=args.threads, kv_cache=args.kv_cache) as backend:
+            c = backend.config
+            rows = args.batch * args.beam
+            ids, mask = decoding.pad_batch(make_sources(c.src_vocab_size, c.eos_id, rows, args.src_len), c.pad_id)
+            session = backend.session()
+            session.start(ids, mask)
+            for _ in range(args.ops):
+                session.step(np.full((rows, 1), c.bos_id))
+            events = json.loads(Path(backend.sessions[decoder].end_profiling()).read_text())
+    per_op = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_op[e["args"]["op_name"]] += e["dur"]
+    lines = [f"| {decoder} op ({rows} rows, {args.ops} steps) | µs per step |", "|---|---:|"]
+    lines += [f"| {op} | {us / args.ops:,.0f} |" for op, us in per_op.most_common(8)]
+    lines.append(f"| all kernels | {sum(per_op.values()) / args.ops:,.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
