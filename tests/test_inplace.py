@@ -186,3 +186,25 @@ def test_bench_runs_both_decoders_side_by_side_and_refuses_a_bad_suffix(demo_inp
     assert_user_error(twostep("bench", demo_inplace.path, "--backend", "ort-cuda:inplace"),
                       "only ort-cpu takes a decoder suffix")
 
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_batching_executor_decodes_with_it_as_sentences_come_and_leave(demo_inplace, demo_model_dir, beam):
+    """Served traffic: requests of one sentence each, of mixed lengths, arriving together, so that rows leave
+    the in-place buffers as their sentences finish; each answer is eager PyTorch's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from twostep.serving.executor import BatchingTranslator, BatchLimits
+
+    art = load_artifact(demo_inplace.path)
+    sources = split_sources(art, 64)
+    options = DecodeOptions(beam_size=beam)
+    specials = Specials.of(art.config, art.config.max_positions)
+    with TorchBackend(load_checkpoint(demo_model_dir).model) as eager:
+        want = Translator(eager.session(), specials, batch_size=64, options=options).decode_ids(sources)
+    with OrtBackend(art, threads=2) as backend:
+        assert backend.inplace
+        ex = BatchingTranslator(backend.session(), specials, limits=BatchLimits(max_wait_ms=50), options=options)
+        with ex, ThreadPoolExecutor(max_workers=16) as pool:
+            got = list(pool.map(lambda s: ex.decode_ids([s])[0], sources))
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
