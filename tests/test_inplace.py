@@ -42,6 +42,9 @@ def test_export_adds_the_variant_beside_unchanged_plain_graphs(demo_inplace, dem
     assert 0 < demo_inplace.report.max_error["decoder_inplace.logits"] < 1e-4
     with OrtBackend(art) as backend:
         assert isinstance(backend.session(), InplaceSession)
+        assert "decoder" not in backend.sessions  # the plain decoder's weights are not held twice
+    shown = twostep("inspect", demo_inplace.path)
+    assert shown.returncode == 0 and "decoder_inplace (decoder_inplace.onnx; ONNX Runtime only" in shown.stdout
     with OrtBackend(art, kv_cache="concat") as backend:
         assert not isinstance(backend.session(), InplaceSession)
 

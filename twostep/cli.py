@@ -309,8 +309,11 @@ def inspect(art_dir: Path = typer.Argument(..., help="Artifact directory.")) -> 
     out.print(f"{art_dir}: schema {m['schema_version']}, opset {m['opset']}, {m['dtype']}, "
               f"{c.d_model}d {c.n_encoder_layers}+{c.n_decoder_layers} layers {c.n_heads} heads, "
               f"vocab {c.src_vocab_size}/{c.tgt_vocab_size}, max positions {c.max_positions}")
-    for name, spec in artifact.graphs.items():
-        table = Table(title=f"{name} ({m['graphs'][name]['file']})")
+    titled = [(name, spec, f"{name} ({m['graphs'][name]['file']})") for name, spec in artifact.graphs.items()]
+    titled += [(name, spec, f"{name} ({m['variants'][name]['file']}; ONNX Runtime only: "
+                f"{', '.join(m['variants'][name].get('ops', []))})") for name, spec in artifact.variants.items()]
+    for name, spec, title in titled:
+        table = Table(title=title)
         for column in ("", "name", "dtype", "shape"):
             table.add_column(column)
         for kind, tensors in (("in", spec.inputs), ("out", spec.outputs)):
