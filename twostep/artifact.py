@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,10 +70,8 @@ class Artifact:
         return self.path / name
 
     def graph_file(self, graph: str) -> Path:
-        return self.path / self.manifest["graphs"][graph]["file"]
-
-    def variant_file(self, variant: str) -> Path:
-        return self.path / self.manifest["variants"][variant]["file"]
+        """A graph's file: one of the two, or a variant (decoder_inplace)."""
+        return self.path / graph_entry(self.manifest, graph)["file"]
 
     def graph_sha256(self, graph: str) -> str:
         return self.manifest["files"][self.manifest["graphs"][graph]["file"]]
@@ -230,8 +229,7 @@ def parse_manifest(manifest: Any, where: str) -> tuple[ModelConfig, dict[str, Gr
 
 def parse_variants(manifest: dict[str, Any], config: ModelConfig, where: str) -> dict[str, GraphSpec]:
     """The optional runtime-specific graphs this twostep knows (others, from a newer one, are ignored)."""
-    variants = manifest.get("variants")
-    variants = {} if variants is None else variants
+    variants = manifest.get("variants", {})  # artifacts of an older twostep have none
     if not isinstance(variants, dict):
         raise BadArtifact(f"{where}: malformed manifest ('variants' is {type(variants).__name__})")
     out = {}
@@ -246,11 +244,18 @@ def parse_variants(manifest: dict[str, Any], config: ModelConfig, where: str) ->
     return out
 
 
-def opened_files(manifest: dict[str, Any], variants: tuple[str, ...] | dict = ()) -> list[str]:
-    """The files the runtime opens itself: both graphs, the variants it knows, and the tokenizer."""
-    names = [manifest["graphs"][g]["file"] for g in GRAPH_FILES]
-    names += [manifest["variants"][v]["file"] for v in variants]
-    return names + ([manifest["tokenizer"]] if manifest.get("tokenizer") else [])
+def graph_entry(manifest: dict[str, Any], graph: str) -> dict[str, Any]:
+    return manifest["variants"][graph] if graph not in GRAPH_FILES else manifest["graphs"][graph]
+
+
+def graph_names(manifest: dict[str, Any], variants: Iterable[str] = ()) -> list[str]:
+    """The files of both graphs and of the variants this twostep knows."""
+    return [graph_entry(manifest, g)["file"] for g in (*GRAPH_FILES, *variants)]
+
+
+def opened_files(manifest: dict[str, Any], variants: Iterable[str] = ()) -> list[str]:
+    """The files the runtime opens itself: the graphs (graph_names) and the tokenizer."""
+    return graph_names(manifest, variants) + ([manifest["tokenizer"]] if manifest.get("tokenizer") else [])
 
 
 def missing_hint(path: Path) -> str:
@@ -287,7 +292,7 @@ def load_artifact(path: Path | str, check_hashes: bool = True) -> Artifact:
         if name not in files:
             raise BadArtifact(f"{where}: {name} is not listed in 'files' with its sha256; the runtime opens "
                               "only listed, hashed files: re-export the artifact")
-    graph_files = {manifest["graphs"][g]["file"] for g in GRAPH_FILES} | {manifest["variants"][v]["file"] for v in variants}
+    graph_files = set(graph_names(manifest, variants))
     may_have_external_data = []  # every external-data reference holds the key "location": no key, no reference
     for name, expected in files.items():
         file = inside(path, name, f"listed in {MANIFEST}")

@@ -1,5 +1,6 @@
-"""ONNX Runtime backends: `ort-cpu` (with the in-place decoder when the artifact has one), and `ort-cuda` (CUDA execution provider with IO binding, so that the
-KV cache and cross K/V stay on the device between steps; only token ids and beam origins cross to the host).
+"""ONNX Runtime backends: `ort-cpu` (with the in-place decoder when the artifact has one), and `ort-cuda`
+(CUDA execution provider with IO binding, so that the KV cache and cross K/V stay on the device between
+steps; only token ids and beam origins cross to the host).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class OrtBackend(Backend):
 
     def open_session(self, graph: str) -> None:
         ort = import_ort()
-        path = self.artifact.variant_file(graph) if graph == INPLACE else self.artifact.graph_file(graph)
+        path = self.artifact.graph_file(graph)
         try:
             self.sessions[graph] = ort.InferenceSession(str(path), self.session_options(),
                                                         providers=self.provider_list(graph))
