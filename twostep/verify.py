@@ -14,7 +14,7 @@ import numpy as np
 
 from twostep.artifact import load_artifact
 from twostep.errors import BadArtifact
-from twostep.exporter.validate import REQUIRED_AGREEMENT, ParityReport, compare_graphs, compare_inplace
+from twostep.exporter.validate import REQUIRED_AGREEMENT, ParityReport, compare_backend
 from twostep.model.checkpoint import load_checkpoint
 from twostep.model.tasks import get_task
 from twostep.runtime import backends
@@ -83,11 +83,8 @@ def verify(art_dir: Path, ckpt_dir: Path, backend: str = "ort-cpu", beam_size: i
     with candidate, TorchBackend(ckpt.model, device=device) as reference:
         log(f"graph parity on the shape grid ({backend} vs eager torch)")
         precision = candidate.precision  # fp32, tf32 (opted in, or ort-trt), fp16 or int8
-        parity = compare_graphs(candidate, reference, precision)
-        if getattr(candidate, "inplace", False):
-            log("the in-place decoder, step by step against eager torch")
-            compare_inplace(candidate, reference, precision, parity)
-        report = VerifyReport(backend, precision, parity, required_share=REQUIRED_AGREEMENT[precision])
+        report = VerifyReport(backend, precision, compare_backend(candidate, reference, precision),
+                              required_share=REQUIRED_AGREEMENT[precision])
         sources = test_sources(artifact, limit)
         for mode, options in (("greedy", DecodeOptions()), (f"beam{beam_size}", DecodeOptions(beam_size=beam_size))):
             log(f"{mode} decoding of {len(sources)} sentences")

@@ -20,8 +20,7 @@ from twostep.files import output_directory
 from twostep.exporter.graphs import TRACE_SIZES, export_graph
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
 from twostep.exporter.spec import INPLACE, INPLACE_FILE, INPLACE_OPS, graph_specs, inplace_spec, inplace_unsupported
-from twostep.exporter.validate import (SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_graphs,
-                                       compare_inplace)
+from twostep.exporter.validate import SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_backend
 from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
@@ -84,10 +83,7 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
                 quantization = convert_fp16(path)
             if precision == "int8":
                 log(f"quantizing {graph} to int8")
-                fp32 = path.with_suffix(".fp32.onnx")
-                path.rename(fp32)
-                quantization = quantize_int8(fp32, path)
-                fp32.unlink()
+                quantization = quantize_int8(path)
         variants = {}
         if inplace_cache:
             from twostep.exporter.inplace import export_inplace
@@ -96,10 +92,7 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             path = tmp / INPLACE_FILE
             export_inplace(model, path, opset)
             if precision == "int8":
-                fp32 = path.with_suffix(".fp32.onnx")
-                path.rename(fp32)
-                quantize_int8(fp32, path)
-                fp32.unlink()
+                quantize_int8(path)
             variants[INPLACE] = {"file": INPLACE_FILE, **inplace_spec(model.config, onnx_dtype).to_dict(),
                                  "runtime": "onnxruntime", "ops": INPLACE_OPS}
         if ckpt.tokenizer_path is not None:
@@ -131,12 +124,8 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
         }
         write_manifest(tmp, manifest)
         log("validating against eager PyTorch on the shape grid")
-        with OrtBackend(load_artifact(tmp), kv_cache="concat") as candidate, TorchBackend(model) as reference:
-            report = compare_graphs(candidate, reference, precision)
-        if inplace_cache:
-            log("validating the in-place decoder step by step against eager PyTorch")
-            with OrtBackend(load_artifact(tmp), kv_cache="inplace") as candidate, TorchBackend(model) as reference:
-                compare_inplace(candidate, reference, precision, report)
+        with OrtBackend(load_artifact(tmp)) as candidate, TorchBackend(model) as reference:
+            report = compare_backend(candidate, reference, precision)  # with the in-place decoder, if any
         if not report.ok:
             raise ParityFailure(f"{len(report.failures)} parity failure(s) after export:\n  "
                                 + "\n  ".join(report.failures[:50]))

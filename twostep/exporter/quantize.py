@@ -14,21 +14,25 @@ QUANTIZATION = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": T
                 "matmul_const_b_only": True}
 
 
-def quantize_int8(src: Path, dst: Path) -> dict:
+def quantize_int8(path: Path) -> dict:
+    """Quantize the graph at `path`, replacing it; returns the settings, for the manifest."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     q = QUANTIZATION
+    fp32 = path.with_suffix(".fp32.onnx")
+    path.rename(fp32)
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer logs advice on the root logger
     try:
         quantize_dynamic(
-            str(src), str(dst), op_types_to_quantize=q["op_types"],
+            str(fp32), str(path), op_types_to_quantize=q["op_types"],
             weight_type=getattr(QuantType, q["weight_type"]), per_channel=q["per_channel"],
             reduce_range=q["reduce_range"], extra_options={"MatMulConstBOnly": q["matmul_const_b_only"]},
         )
     finally:
         root.setLevel(level)
+        fp32.unlink()
     return dict(q)
 
 

@@ -147,6 +147,13 @@ def compare_graphs(candidate: Backend, reference: Backend, precision: str = "fp3
     return report
 
 
+def compare_backend(candidate: Backend, reference: Backend, precision: str = "fp32") -> ParityReport:
+    """What export and verify check: the graphs on the shape grid, then, where the candidate decodes with the
+    in-place decoder, that decoder step by step."""
+    report = compare_graphs(candidate, reference, precision)
+    return compare_inplace(candidate, reference, precision, report) if candidate.inplace else report
+
+
 def compare_inplace(candidate: Backend, reference: Backend, precision: str = "fp32",
                     report: ParityReport | None = None, seed: int = 1) -> ParityReport:
     """The in-place decoder (candidate.session(), an InplaceSession) against the reference's session, step by

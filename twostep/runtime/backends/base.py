@@ -23,6 +23,7 @@ NUMPY_DTYPES = {"int64": np.int64, "float32": np.float32, "float16": np.float16}
 class Backend(ABC):
     name: str = "?"
     precision: str = "fp32"  # what it computes in: sets verify's tolerances (fp32, tf32, fp16, int8)
+    inplace: bool = False  # decodes with the artifact's in-place decoder (ort-cpu, twostep.exporter.inplace)
 
     def __init__(self, config: ModelConfig, graphs: dict[str, GraphSpec]):
         self.config, self.graphs = config, graphs
