@@ -32,9 +32,8 @@ class InplaceSession:
         self.rows = self.position = self.capacity = 0
         self.fixed: dict[str, np.ndarray] = {}  # mask and cross K/V, fixed for a batch
         self.cache: dict[str, np.ndarray] = {}
-        self.values: dict = {}  # OrtValues over fixed and cache, made once per allocation
         self.logits = None
-        self.binding = None  # bound to values and logits; None when one of them changed
+        self.binding = None  # bound to fixed, cache and logits; None once one of them is a new array
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
         enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
@@ -42,12 +41,7 @@ class InplaceSession:
         self.fixed.update({t.name: enc[present_name(t.name)] for t in self.spec.past_cross})
         self.rows, self.position, self.capacity = input_ids.shape[0], 0, 0
         self.cache = {}
-        self.bind_fixed()
         self.reserve(FIRST_CAPACITY)
-
-    def bind_fixed(self) -> None:
-        self.values = {name: self.ort.OrtValue.ortvalue_from_numpy(a) for name, a in self.fixed.items()}
-        self.values.update({name: self.ort.OrtValue.ortvalue_from_numpy(a) for name, a in self.cache.items()})
         self.binding = None
 
     def reserve(self, positions: int) -> None:
@@ -60,20 +54,22 @@ class InplaceSession:
             if t.name in self.cache:
                 grown[:, :, : self.position] = self.cache[t.name][:, :, : self.position]
             self.cache[t.name] = grown
-            self.values[t.name] = self.ort.OrtValue.ortvalue_from_numpy(grown)
         self.capacity = capacity
         self.binding = None
 
     def bound(self):
-        """The binding of everything but token ids and lengths, made again after a buffer changed."""
+        """The binding of everything but token ids and lengths (OrtValues over the arrays, no copies), made
+        again after an array was replaced."""
         if self.binding is None:
+            over = self.ort.OrtValue.ortvalue_from_numpy
             binding = self.session.io_binding()
-            for name in self.fixed:
-                binding.bind_ortvalue_input(name, self.values[name])
-            binding.bind_ortvalue_output("logits", self.logits_value)
+            for name, array in self.fixed.items():
+                binding.bind_ortvalue_input(name, over(array))
+            binding.bind_ortvalue_output("logits", over(self.logits))
             for name in self.self_names:
-                binding.bind_ortvalue_input(name, self.values[name])
-                binding.bind_ortvalue_output(present_name(name), self.values[name])
+                value = over(self.cache[name])
+                binding.bind_ortvalue_input(name, value)
+                binding.bind_ortvalue_output(present_name(name), value)
             self.binding = binding
         return self.binding
 
@@ -87,7 +83,6 @@ class InplaceSession:
         shape = (self.rows, new, self.backend.config.tgt_vocab_size)
         if self.logits is None or self.logits.shape != shape:
             self.logits = np.empty(shape, self.dtype)
-            self.logits_value = self.ort.OrtValue.ortvalue_from_numpy(self.logits)
             self.binding = None
         binding = self.bound()
         # held until the next step: ONNX Runtime may read them in place
@@ -115,4 +110,4 @@ class InplaceSession:
             self.fixed = {name: np.ascontiguousarray(a[origin]) for name, a in self.fixed.items()}
         if not cache_only or len(origin) != self.rows:
             self.rows = len(origin)
-            self.bind_fixed()
+            self.binding = None
