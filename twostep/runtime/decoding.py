@@ -127,15 +127,6 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-def top_candidates(scores: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the n best scores, best first, ties to the lower index: `argsort(-scores, stable)[:n]`
-    without sorting the whole row."""
-    n = min(n, scores.size)
-    threshold = scores[np.argpartition(-scores, n - 1)[:n]].min()
-    candidates = np.flatnonzero(scores >= threshold)  # every tie at the threshold, so the order is exact
-    return candidates[np.lexsort((candidates, -scores[candidates]))][:n]
-
-
 def row_log_normalisers(logits: np.ndarray, scratch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(max, log-sum-exp of logits - max) per row, in float64: log_softmax(x) = (x - max) - lse, rounded as
     `log_softmax(logits.astype(float64))` rounds. `scratch`, a float64 array of the logits' shape, saves an
@@ -206,7 +197,7 @@ def beam_candidates(logits: np.ndarray, scores: np.ndarray, n: int, skip_token: 
     best first, ties to the lower index, padded with -inf and -1 where a sentence has fewer than n finite
     candidates: the prefix of a stable `argsort(-(scores + log_softmax(logits)))` over each sentence's K*V
     candidates that stops at the first -inf. `skip_token` (a suppressed eos) counts in the softmax but is
-    never a candidate. log-softmax is monotone in each row, so a sentence's n best lie among its rows' n
+    never a candidate: it is set to -inf in `logits`, which are the caller's, in place. log-softmax is monotone in each row, so a sentence's n best lie among its rows' n
     best logits: only those get a total."""
     sentences, k = scores.shape
     vocab = logits.shape[1]
@@ -260,7 +251,7 @@ def beam_search(
     done = np.zeros(batch, dtype=bool)
     scratch = None
 
-    def norm(score: float, length: int) -> float:
+    def norm(score, length: int):  # a score, or an array of them
         return score / (max(length, 1) ** length_penalty)
 
     def keep_best(b: int) -> None:
@@ -304,7 +295,7 @@ def beam_search(
             finished[live[j]].append(Hypothesis(history[j * k + beam[j, c]].tolist(), norm(float(total[j, c]), t + 1)))
         for j in np.flatnonzero(ending.any(axis=1)):
             keep_best(live[j])
-        best_alive = next_scores[:, 0] / (max(t + 1, 1) ** length_penalty)
+        best_alive = norm(next_scores[:, 0], t + 1)
         ends = deciding & (~kept.any(axis=1) | (worst_finished[live] >= best_alive))
         done[live[ends]] = True
         ended = list(live[ends])
