@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     bandwidth = [memory_bandwidth_gbs(t)]
     results: list[Result] = []
+    grown: list[Result] = []  # the growth table's
     with Progress(console=console, transient=True) as progress:
         for key, (target, target_args) in engines.items():
             if key in skip or (key.startswith("growth") and "growth" in skip):
@@ -182,17 +183,17 @@ def main(argv: list[str] | None = None) -> int:
             bar = progress.add_task(key, total=n_ticks)
             for r in run_in_child(target, target_args, tick=lambda: progress.advance(bar)):
                 r.backend = names.get(key, r.backend)
-                results.append(r)
+                (grown if key.startswith("growth") else results).append(r)
     bandwidth.append(memory_bandwidth_gbs(t))
     weights = {"twostep ort-cpu fp32": weight_bytes_per_step(paths["fp32"] / "decoder_inplace.onnx"),
                "twostep ort-cpu int8": weight_bytes_per_step(paths["int8"] / "decoder_inplace.onnx")}
     weights["twostep ort-cpu fp32, plain decoder"] = weight_bytes_per_step(paths["fp32"] / "decoder.onnx")
-    report(results, workloads, growth, bandwidth, weights, args)
+    report(results, workloads, grown, growth, bandwidth, weights, args)
     return 0
 
 
-def report(results: list[Result], workloads: list[Workload], growth: list[Workload], bandwidth: list[float],
-           weights: dict[str, int], args) -> None:
+def report(results: list[Result], workloads: list[Workload], grown: list[Result], growth: list[Workload],
+           bandwidth: list[float], weights: dict[str, int], args) -> None:
     ref = {r.workload: r for r in results if r.backend == "ctranslate2 float32"}
     gbs = float(np.median(bandwidth))
     lines = ["| engine | workload | ms per decode step | tokens/s | p50 request ms | encoder ms | peak RSS MB | "
@@ -202,10 +203,8 @@ def report(results: list[Result], workloads: list[Workload], growth: list[Worklo
     for col in ("engine", "workload", "ms/step", "tokens/s", "p50 ms", "encoder ms", "peak RSS MB", "vs ct2 fp32",
                 "vs floor"):
         table.add_column(col, justify="left" if col in ("engine", "workload") else "right")
-    main = [r for r in results if r.workload in workloads and not r.backend.endswith("decoder (Concat)")
-            and r.backend != "in-place decoder"]
     for w in workloads:
-        for r in (r for r in main if r.workload == w):
+        for r in (r for r in results if r.workload == w):
             ratio = f"{r.tokens_per_s / ref[w].tokens_per_s:.2f}x" if w in ref else "-"
             floor = "-"
             if w.batch == 1 and w.beam == 1 and r.backend in weights:
@@ -220,14 +219,14 @@ def report(results: list[Result], workloads: list[Workload], growth: list[Worklo
               + ", ".join(f"{name.replace('twostep ort-cpu ', '')} {b / 1e6:.1f} MB (floor {b / gbs / 1e6:.2f} ms)"
                           for name, b in weights.items()) + "."]
     console.print(lines[-1])
-    grown = {(r.backend, r.workload.new_tokens): r for r in results if r.workload in growth}
-    if grown:
+    by_length = {(r.backend, r.workload.new_tokens): r for r in grown}
+    if by_length:
         first, last = growth[0].new_tokens, growth[-1].new_tokens
         lines += ["", f"| fp32, batch {growth[0].batch}, greedy | {first} new tokens: ms/step | {last} new tokens: "
                   f"ms/step | {last} / {first} |", "|---|---:|---:|---:|"]
         for name in ("in-place decoder", "plain decoder (Concat)"):
-            if (name, first) in grown and (name, last) in grown:
-                a, b = grown[name, first].ms_per_step, grown[name, last].ms_per_step
+            if (name, first) in by_length and (name, last) in by_length:
+                a, b = by_length[name, first].ms_per_step, by_length[name, last].ms_per_step
                 lines.append(f"| {name} | {a:.2f} | {b:.2f} | {b / a:.2f}x |")
                 console.print(lines[-1])
     if args.markdown:
@@ -236,7 +235,8 @@ def report(results: list[Result], workloads: list[Workload], growth: list[Worklo
         meta = {"python": sys.version.split()[0], "machine": platform.processor() or platform.machine(),
                 "bandwidth_gbs": bandwidth, "weight_bytes_per_step": weights,
                 "args": {k: str(v) for k, v in vars(args).items()}}
-        args.json.write_text(json.dumps({"meta": meta, "results": [r.to_dict() for r in results]}, indent=2))
+        args.json.write_text(json.dumps({"meta": meta, "results": [r.to_dict() for r in results],
+                                     "growth": [r.to_dict() for r in grown]}, indent=2))
 
 
 if __name__ == "__main__":
