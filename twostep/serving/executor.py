@@ -206,28 +206,26 @@ class BatchingTranslator(Translator):
             first = self.waiting[0]
             deadline = max(first.arrived, free_since) + self.limits.max_wait_ms / 1000
             while True:
-                taken = list(self.fitting(first.key))
-                if self.closed or self.full(first.key, taken) or time.monotonic() >= deadline:
+                taken, full = self.fitting(first.key)
+                if self.closed or full or time.monotonic() >= deadline:
                     return self.take(taken)
                 self.cond.wait(deadline - time.monotonic())
 
-    def fitting(self, options: DecodeOptions):
-        """The waiting sentences with these options that fit in one batch, in arrival order."""
-        tokens = rows = 0
+    def fitting(self, options: DecodeOptions) -> tuple[list[Sentence], bool]:
+        """The waiting sentences with these options that fit in one batch, in arrival order, from one scan of
+        the queue; and whether the batch is full: another sentence with these options is waiting that does
+        not fit, or the next could not (waiting for more would gain nothing)."""
+        taken, tokens, rows = [], 0, 0
         for s in self.waiting:
             if s.key != options or s.request.future.cancelled():
                 continue
             if rows and (tokens + s.cost > self.limits.max_batch_tokens
                          or rows + options.beam_size > self.limits.max_batch_rows):
-                return
+                return taken, True
             tokens, rows = tokens + s.cost, rows + options.beam_size
-            yield s
-
-    def full(self, options: DecodeOptions, taken: list[Sentence]) -> bool:
-        """`taken` (what `fitting` gives these options) cannot grow: waiting for more would gain nothing."""
-        same = sum(1 for s in self.waiting if s.key == options and not s.request.future.cancelled())
-        return (same > len(taken) or sum(s.cost for s in taken) >= self.limits.max_batch_tokens
-                or (len(taken) + 1) * options.beam_size > self.limits.max_batch_rows)
+            taken.append(s)
+        full = tokens >= self.limits.max_batch_tokens or rows + options.beam_size > self.limits.max_batch_rows
+        return taken, full
 
     def take(self, taken: list[Sentence]) -> list[Sentence]:
         chosen = set(map(id, taken))
