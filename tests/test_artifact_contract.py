@@ -23,17 +23,19 @@ def manifest_greedy(art_dir, sources: list[list[int]], max_new_tokens: int) -> l
         mask = np.ones_like(ids)
         cross = dict(zip([t["name"] for t in m["graphs"]["encoder"]["outputs"]],
                          sessions["encoder"].run(None, {"input_ids": ids, "attention_mask": mask})))
+        assert m["schema_version"] == 2
         feeds = {"encoder_attention_mask": mask}
         for t in dec["inputs"]:
             if t["name"].startswith("past_") and "_cross_" in t["name"]:
                 feeds[t["name"]] = cross["present_" + t["name"][len("past_"):]]
-            elif t["name"].startswith("past_"):
+            elif t["name"].startswith("past_") and "_self_" in t["name"]:
                 _, heads, _, head_dim = t["shape"]  # fixed ints in the manifest; batch and past_len symbolic
                 feeds[t["name"]] = np.zeros((1, heads, 0, head_dim), dtype=np.float32)
         token, result = special["bos"], []
         output_names = [t["name"] for t in dec["outputs"]]
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             feeds["input_ids"] = np.array([[token]], dtype=np.int64)
+            feeds["past_lengths"] = np.array([step], dtype=np.int64)  # schema 2: each row's history length
             outputs = dict(zip(output_names, sessions["decoder"].run(None, feeds)))
             token = int(outputs["logits"][0, -1].argmax())
             if token == special["eos"]:

@@ -45,7 +45,15 @@ def test_sha256_mismatch(art_copy):
 
 def test_unknown_schema_version(art_copy):
     edit_manifest(art_copy, schema_version=99)
-    assert_user_error(twostep("inspect", art_copy), "schema version 99", "this twostep reads version 1")
+    assert_user_error(twostep("inspect", art_copy), "schema version 99", "this twostep reads version 2")
+
+
+@pytest.mark.parametrize("command", ["inspect", "translate", "serve"])
+def test_an_artifact_of_the_older_schema_asks_to_be_re_exported(art_copy, command):
+    edit_manifest(art_copy, schema_version=1)
+    args = {"translate": ["one"], "serve": ["--port", "0"]}.get(command, [])
+    assert_user_error(twostep(command, art_copy, *args), "schema version 1, exported by an older twostep",
+                      "re-export it from its checkpoint with `twostep export CHECKPOINT --out DIR --force`")
 
 
 def test_manifest_not_json(art_copy):

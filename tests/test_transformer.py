@@ -51,6 +51,42 @@ def test_cached_steps_equal_full_prefix(name, config):
     torch.testing.assert_close(torch.cat(chunks, 1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name,config", variants(), ids=[n for n, _ in variants()])
+def test_rows_at_different_positions_decode_as_if_alone(name, config):
+    """A left-padded cache with per-row lengths (a sentence that joined a running batch, next to older ones)
+    gives each row what it gets alone, whatever the padding columns hold."""
+    torch.manual_seed(1)
+    model = Transformer(config).eval()
+    src, mask = padded_batch()
+    g = torch.Generator().manual_seed(3)
+    prefixes = [torch.randint(4, VOCAB, (1, n), generator=g) for n in (5, 0, 2)]
+    new = torch.randint(4, VOCAB, (3, 3), generator=g)
+    with torch.no_grad():
+        cross = model.encode(src, mask)
+        alone, pasts = [], []
+        for r, prefix in enumerate(prefixes):
+            row_cross = [(k[r : r + 1], v[r : r + 1]) for k, v in cross]
+            past = model.empty_cache(1)
+            if prefix.shape[1]:
+                _, past = model.decode_step(prefix, mask[r : r + 1], past, row_cross)
+            pasts.append(past)
+            one, past = model.decode_step(new[r : r + 1, :1], mask[r : r + 1], past, row_cross)
+            two, _ = model.decode_step(new[r : r + 1, 1:], mask[r : r + 1], past, row_cross)
+            alone.append(torch.cat([one, two], 1))
+        width = max(p.shape[1] for p in prefixes)
+
+        def left_pad(t: torch.Tensor) -> torch.Tensor:  # garbage in the padding columns
+            return torch.cat([torch.randn(1, t.shape[1], width - t.shape[2], t.shape[3], generator=g) * 5, t], 2)
+
+        past = [tuple(torch.cat([left_pad(p[layer][kv]) for p in pasts]) for kv in (0, 1))
+                for layer in range(config.n_decoder_layers)]
+        lengths = torch.tensor([p.shape[1] for p in prefixes])
+        one, past = model.decode_step(new[:, :1], mask, past, cross, lengths)
+        two, present = model.decode_step(new[:, 1:], mask, past, cross, lengths + 1)
+    assert present[0][0].shape[2] == width + 3
+    torch.testing.assert_close(torch.cat([one, two], 1), torch.cat(alone), atol=1e-5, rtol=0)
+
+
 def test_source_padding_does_not_leak():
     torch.manual_seed(0)
     model = Transformer(preset("tiny", VOCAB, VOCAB, dropout=0.0)).eval()

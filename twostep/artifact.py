@@ -33,7 +33,9 @@ from twostep.files import OLD, OutputKind, write_file_atomic
 from twostep.model.config import ModelConfig
 
 FORMAT = "twostep-artifact"
-SCHEMA_VERSION = 1
+# 2: the decoder takes past_lengths [batch], so that rows of one batch can be at different positions (a sentence
+# joins a running batch). 1: every row at the cache's one position.
+SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 ENGINES = "engines"
 GRAPH_FILES = {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
@@ -191,14 +193,25 @@ def field(data: dict, key: str, types: type | tuple[type, ...], where: str, choi
     return value
 
 
+def schema_message(where: str, version: Any) -> str:
+    """Why an artifact of another schema version cannot be read, and what to do. cpp/src/manifest.cpp says the
+    same."""
+    if isinstance(version, int) and not isinstance(version, bool) and 1 <= version < SCHEMA_VERSION:
+        return (f"{where}: schema version {version}, exported by an older twostep whose decoder runs every row at "
+                f"one position; this twostep reads version {SCHEMA_VERSION} (rows at different positions, so "
+                "sentences can join a running batch): re-export it from its checkpoint with "
+                "`twostep export CHECKPOINT --out DIR --force`")
+    return (f"{where}: schema version {version!r:.40}, this twostep reads version {SCHEMA_VERSION}; re-export "
+            "with this twostep or install the matching one")
+
+
 def parse_manifest(manifest: Any, where: str) -> tuple[ModelConfig, dict[str, GraphSpec]]:
     """Check every part of the manifest that a consumer relies on; any problem is a BadArtifact."""
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BadArtifact(f"{where}: not a twostep manifest (format != {FORMAT!r})")
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION or isinstance(version, bool):
-        raise BadArtifact(f"{where}: schema version {version!r:.40}, this twostep reads version "
-                          f"{SCHEMA_VERSION}; re-export with this twostep or install the matching one")
+        raise BadArtifact(schema_message(where, version))
     try:
         config = ModelConfig.from_dict(field(manifest, "model", dict, where))
     except BadCheckpoint as exc:

@@ -40,10 +40,10 @@ class DecoderGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, past_self: list[Tensor],
-                past_cross: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, past_lengths: Tensor,
+                past_self: list[Tensor], past_cross: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
         logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
-                                                 pairs(past_cross))
+                                                 pairs(past_cross), past_lengths)
         return logits, flatten(present)
 
 
@@ -64,7 +64,8 @@ def example_inputs(model: Transformer, graph: str) -> tuple:
         cross = flatten(model.encode(ids, mask))
         prefix = torch.randint(4, max(vocab, 5), (b, p))
         _, past = model.decode_step(prefix, mask, model.empty_cache(b), pairs(cross))
-    return torch.randint(4, max(vocab, 5), (b, t)), mask, flatten(past), cross
+    lengths = torch.arange(p, p - b, -1).clamp(min=0)  # rows at different positions: p, p - 1, ...
+    return torch.randint(4, max(vocab, 5), (b, t)), mask, lengths, flatten(past), cross
 
 
 def dynamic_shapes(spec: GraphSpec, graph: str) -> tuple:
@@ -78,7 +79,7 @@ def dynamic_shapes(spec: GraphSpec, graph: str) -> tuple:
     if graph == "encoder":
         return tuple(shapes)
     n_self = len(spec.past_self)
-    return shapes[0], shapes[1], shapes[2 : 2 + n_self], shapes[2 + n_self :]
+    return shapes[0], shapes[1], shapes[2], shapes[3 : 3 + n_self], shapes[3 + n_self :]
 
 
 def export_graph(model: Transformer, graph: str, spec: GraphSpec, path: Path, opset: int) -> None:

@@ -107,14 +107,14 @@ class InplaceDecoderGraph(nn.Module):
             return attn.out_proj(out), (key, value)
 
         logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
-                                                 pairs(past_cross), attend=attend, past_lengths=past_lengths)
+                                                 pairs(past_cross), past_lengths, attend)
         return logits, flatten(present)
 
 
 def export_inplace(model: Transformer, path: Path, opset: int) -> None:
     """Trace with a cache buffer of capacity `past_len + new_len` of the plain trace sizes."""
     spec = inplace_spec(model.config)
-    ids, mask, past, cross = example_inputs(model, "decoder")
+    ids, mask, _, past, cross = example_inputs(model, "decoder")
     b, p = ids.shape[0], TRACE_SIZES["past_len"]
     capacity = p + TRACE_SIZES["new_len"] + 1
     buffers = [torch.cat([t, t.new_zeros(b, t.shape[1], capacity - p, t.shape[3])], dim=2) for t in past]

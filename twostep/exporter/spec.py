@@ -6,11 +6,16 @@ layout follows ONNX Runtime's encoder-decoder convention:
 
 encoder  input_ids, attention_mask [batch, src_len] int64
          -> present_key_cross_{i}, present_value_cross_{i} [batch, heads, src_len, head_dim]
-decoder  input_ids [batch, new_len], encoder_attention_mask [batch, src_len],
+decoder  input_ids [batch, new_len], encoder_attention_mask [batch, src_len], past_lengths [batch],
          past_key_self_{i}, past_value_self_{i} [batch, heads, past_len, head_dim],
          past_key_cross_{i}, past_value_cross_{i} [batch, heads, src_len, head_dim]
          -> logits [batch, new_len, vocab], present_key_self_{i}, present_value_self_{i}
             [batch, heads, past_len + new_len, head_dim]
+
+Rows of one batch may be at different positions (schema 2): `past_lengths[r]` of the past_len cached
+positions are row r's own, the last ones (the cache is left-padded; the graph masks the columns before them),
+and its new tokens take positions past_lengths[r], past_lengths[r] + 1, ... A sentence joins a running
+batch as a row with past_lengths 0, next to rows that are further on.
 """
 
 from __future__ import annotations
@@ -106,6 +111,7 @@ def graph_specs(config: ModelConfig, dtype: str = "float32") -> dict[str, GraphS
         inputs=(
             TensorSpec("input_ids", "int64", ("batch", "new_len")),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "src_len")),
+            TensorSpec("past_lengths", "int64", ("batch",)),
             *kv_specs("past_{kind}_self", n, h, dk, dv, "past_len", dtype),
             *kv_specs("past_{kind}_cross", n, h, dk, dv, "src_len", dtype),
         ),
@@ -118,7 +124,8 @@ def graph_specs(config: ModelConfig, dtype: str = "float32") -> dict[str, GraphS
 
 
 # The in-place decoder, an ONNX Runtime-only variant of the decoder (twostep.exporter.inplace): past and present
-# self-attention K/V are one buffer of any capacity, written in place; past_lengths gives each row's length.
+# self-attention K/V are one buffer of any capacity, written in place; past_lengths gives each row's length,
+# its first positions (right-padded, where the plain decoder's cache is left-padded).
 INPLACE = "decoder_inplace"
 INPLACE_FILE = "decoder_inplace.onnx"
 INPLACE_OPS = ["com.microsoft.GroupQueryAttention"]

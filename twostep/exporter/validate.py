@@ -14,7 +14,9 @@ import onnx
 from twostep.exporter.spec import GraphSpec, past_name
 from twostep.runtime.backends.base import Backend
 
-# Batch 1 and 3; source lengths 1, 7 and 33 with padding; past 0, 1 and 17; new tokens 1 and 4.
+# Batch 1 and 3; source lengths 1, 7 and 33 with padding; past 0, 1 and 17; new tokens 1 and 4. In a batch
+# of 3, rows are at different positions (past_lengths p, p - 7, p - 14, at least 0): the columns before a
+# row's own are other tokens' K/V, which the graph must mask.
 SHAPE_GRID = {"batch": (1, 3), "src_len": (1, 7, 33), "past_len": (0, 1, 17), "new_len": (1, 4)}
 
 # (atol, rtol) per output kind and weight precision; "logits" and "kv" (every K/V tensor). int8 has none:
@@ -104,12 +106,15 @@ def grid_feeds(reference: Backend, seed: int = 0):
             if past_len:
                 prefix = rng.integers(min(4, c.tgt_vocab_size - 1), c.tgt_vocab_size, (batch, past_len), dtype=np.int64)
                 out = reference.run("decoder", {"input_ids": prefix, "encoder_attention_mask": mask,
-                                                **cross_feeds, **empty_past(reference, batch)})
+                                                "past_lengths": np.zeros(batch, np.int64), **cross_feeds,
+                                                **empty_past(reference, batch)})
                 self_feeds = {past_name(k): v for k, v in out.items() if k != "logits"}
             else:
                 self_feeds = empty_past(reference, batch)
+            lengths = np.maximum(past_len - 7 * np.arange(batch), 0)
             new = rng.integers(min(4, c.tgt_vocab_size - 1), c.tgt_vocab_size, (batch, new_len), dtype=np.int64)
-            feeds = {"input_ids": new, "encoder_attention_mask": mask, **cross_feeds, **self_feeds}
+            feeds = {"input_ids": new, "encoder_attention_mask": mask, "past_lengths": lengths, **cross_feeds,
+                     **self_feeds}
             yield f"b{batch}_s{src_len}_p{past_len}_n{new_len}", "decoder", feeds
 
 
@@ -158,9 +163,10 @@ def compare_inplace(candidate: Backend, reference: Backend, precision: str = "fp
                     report: ParityReport | None = None, seed: int = 1) -> ParityReport:
     """The in-place decoder (candidate.session(), an InplaceSession) against the reference's session, step by
     step on the grid's batches and source lengths: a 4-token first step, then one token a step past the
-    first capacity (so the buffer grows), a beam-style reorder of the cache, and a row leaving the batch.
-    Tokens are drawn at random, not decoded, so both sides see the same inputs; every step's logits are
-    compared."""
+    first capacity (so the buffer grows), a beam-style reorder of the cache, a row leaving the batch, a row
+    freed, then two sentences joining (one in the freed row, one in a new row, with a longer source than the
+    batch's), which then decode next to rows that are 17 positions further on. Tokens are drawn at random,
+    not decoded, so both sides see the same inputs; every step's logits are compared."""
     report = report or ParityReport()
     tolerances = TOLERANCES[precision]
     c = reference.config
@@ -195,5 +201,15 @@ def compare_inplace(candidate: Backend, reference: Backend, precision: str = "fp
                 for s in sessions:
                     s.reorder(np.arange(1, rows))
                 rows -= 1
+            if step == 14:  # row 0's sentence is done
+                for s in sessions:
+                    s.release(np.array([0]))
+            if step == 17:  # two sentences join: row 0 again, and a new row
+                joining = rng.integers(min(4, c.src_vocab_size - 1), c.src_vocab_size, (2, src_len + 3), dtype=np.int64)
+                joining_mask = np.ones_like(joining)
+                joining_mask[1, 2:] = 0
+                for s in sessions:
+                    s.admit(joining, joining_mask, np.array([0, 1]), np.array([0, rows]))
+                rows += 1
         report.cases += 1
     return report

@@ -6,9 +6,11 @@ says which. Two methods map one-to-one onto the two exported graphs:
 
 - `encode(input_ids, attention_mask)` runs the encoder once and returns, for every decoder layer, the
   cross-attention K/V of the source: [(k, v)] with k (B, H, S, Dk), v (B, H, S, Dv).
-- `decode_step(input_ids, encoder_attention_mask, past, cross)` takes new target tokens and the self-attention
-  KV cache, returns logits and the extended cache. Positions come from the cache length; a zero-length
-  cache is the first step.
+- `decode_step(input_ids, encoder_attention_mask, past, cross, past_lengths)` takes new target tokens and the
+  self-attention KV cache, returns logits and the extended cache. Rows may be at different positions: row r's
+  history is the last `past_lengths[r]` columns of the cache (left-padded; the columns before are masked),
+  and its new tokens take positions `past_lengths[r]`, `past_lengths[r] + 1`, ... A zero-length cache is the
+  first step; a row with `past_lengths[r] = 0` next to longer ones is a sentence that just joined the batch.
 
 Both are written for export: no state stored in forward, no Python branch on a tensor value, and a
 mask value taken from the dtype instead of a `-1e9` literal.
@@ -195,7 +197,7 @@ class Transformer(nn.Module):
     def embed(self, table: nn.Embedding, stack: Stack, ids: Tensor, start: Tensor | int) -> Tensor:
         """`start`: the first position, or one per row (B,) where rows are at different positions."""
         t = ids.shape[1]
-        if isinstance(start, Tensor) and start.dim() == 1:
+        if isinstance(start, Tensor):
             positions = self.pos_table[start[:, None] + torch.arange(t, device=ids.device)]  # (B, T, D)
         else:
             positions = self.pos_table[start : start + t]  # (T, D)
@@ -215,21 +217,26 @@ class Transformer(nn.Module):
 
     def decode_step(
         self, input_ids: Tensor, encoder_attention_mask: Tensor, past: list[KV], cross: list[KV],
-        attend: SelfAttention | None = None, past_lengths: Tensor | None = None,
+        past_lengths: Tensor | None = None, attend: SelfAttention | None = None,
     ) -> tuple[Tensor, list[KV]]:
         """input_ids (B, T) new tokens; past[i] (B, H, P, Dh) -> logits (B, T, V), present[i] (B, H, P + T, Dh).
-        An export variant passes `attend` (the cached self-attention, which then owns the cache layout) and
-        `past_lengths` (B,), each row's past length, which then sets the positions."""
-        past_len, new_len = past[0][0].shape[2], input_ids.shape[1]
+        `past_lengths` (B,): how many of the P cached positions are each row's own, its last ones (None: all P
+        for every row). An export variant passes `attend` (the cached self-attention, which then owns the
+        cache layout and its masking); past_lengths still sets the positions."""
+        batch, new_len = input_ids.shape
+        past_len, device = past[0][0].shape[2], input_ids.device
+        if past_lengths is None:
+            past_lengths = torch.full((batch,), past_len, dtype=torch.long, device=device)
         self_mask = None
-        if attend is None:
-            query_pos = torch.arange(new_len, device=input_ids.device) + past_len  # (T,)
-            key_pos = torch.arange(past_len + new_len, device=input_ids.device)  # (P + T,)
-            self_mask = (key_pos[None, :] <= query_pos[:, None])[None, None]  # (1, 1, T, P + T)
+        if attend is None:  # row r attends to cache columns P - past_lengths[r] .. P - 1, then causally
+            key_pos = torch.arange(past_len + new_len, device=device)  # (P + T,)
+            query_pos = torch.arange(new_len, device=device) + past_len  # (T,)
+            first = past_len - past_lengths  # (B,)
+            self_mask = ((key_pos[None, None, :] >= first[:, None, None])
+                         & (key_pos[None, None, :] <= query_pos[None, :, None]))[:, None]  # (B, 1, T, P + T)
         cross_mask = encoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
 
-        start = past_len if past_lengths is None else past_lengths
-        x = self.embed(self.tgt_embed, self.decoder, input_ids, start)
+        x = self.embed(self.tgt_embed, self.decoder, input_ids, past_lengths)
         present = []
         for layer, layer_past, layer_cross in zip(self.decoder.layers, past, cross):
             x, kv = layer(x, self_mask, layer_past, layer_cross, cross_mask, attend)
