@@ -4,12 +4,53 @@ in Python, over a float64 log-softmax of every row. Kept verbatim as the oracle 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from twostep.errors import BadInput
-from twostep.runtime.decoding import Hypothesis, RowControl, StepSession, pad_batch, sentence_limits
+from twostep.runtime.decoding import Hypothesis, StepSession, pad_batch
+
+
+# What a batching executor added to a decode, as the loop had it then (the running batch replaced it).
+@dataclass
+class RowControl:
+    """What a batching executor adds to a decode. Each sentence has its own max_new_tokens (`limits`, each at
+    most the decode's); `on_done(i, result)` is called as soon as sentence i is finished, with what the decode
+    returns for it; a sentence for which `cancelled(i)` is true is dropped unanswered. Finished and cancelled
+    sentences leave the batch at the next step: their rows of the cache, cross K/V and mask are dropped
+    (`session.reorder`), so the rows still decoding neither wait for them nor compute for them."""
+
+    limits: Sequence[int]
+    on_done: Callable[[int, object], None]
+    cancelled: Callable[[int], bool] = field(default=lambda i: False)
+
+    def leaving(self, live: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Of the sentences `live` (in row order), those that stay: not done, not cancelled."""
+        stay = ~done[live]
+        stay[stay] = [not self.cancelled(int(i)) for i in live[stay]]
+        return stay
+
+    def compact(self, session: StepSession, live: np.ndarray, done: np.ndarray, tokens: np.ndarray):
+        """One row per sentence: drop the rows of those that left; (live, tokens) of the rest, None if none stays."""
+        stay = self.leaving(live, done)
+        if not stay.any():
+            return None
+        if not stay.all():
+            session.reorder(np.flatnonzero(stay))
+            live, tokens = live[stay], tokens[stay]
+        return live, tokens
+
+
+def sentence_limits(control: RowControl | None, batch: int, max_new_tokens: int) -> np.ndarray:
+    if control is None:
+        return np.full(batch, max_new_tokens)
+    limits = np.asarray(control.limits, dtype=np.int64)
+    if limits.shape != (batch,) or (limits < 1).any() or (limits > max_new_tokens).any():
+        raise ValueError(f"limits must be {batch} values in 1..{max_new_tokens}, got {control.limits}")
+    return limits
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(-1, keepdims=True)

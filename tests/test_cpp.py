@@ -84,9 +84,11 @@ def test_cpp_n_best_matches_python(cpp_build, demo_artifact, test_sentences):
     cpp = [[(h.split(" ", 1) + [""])[:2] for h in line.split("\t")] for line in proc.stdout.splitlines()]
     assert_same("n-best ids", [[" ".join(map(str, h.tokens)) for h in hyps] for hyps in python],
                 [[h[1] for h in hyps] for hyps in cpp])
-    # numpy's exp/log may round differently from libm in the last bit; the scores agree to float64 noise
+    # Python keeps a finished sentence's rows in the batch until a quarter of them are free (decoding.RunningBatch),
+    # C++ drops them at once: ONNX Runtime's GEMMs then see different batch sizes and round the float32 logits
+    # differently in the last bit, so the scores agree to float32 noise, the tokens exactly
     for hyps, line in zip(python, cpp):
-        assert [float(h[0]) for h in line] == pytest.approx([h.score for h in hyps], rel=1e-12, abs=1e-12)
+        assert [float(h[0]) for h in line] == pytest.approx([h.score for h in hyps], rel=1e-6, abs=1e-6)
 
 
 @BINDINGS

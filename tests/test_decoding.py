@@ -85,7 +85,15 @@ class HistorySession:
         self.vocab, self.seed, self.rounded = vocab, seed, rounded
 
     def start(self, input_ids, attention_mask):
-        self.rows = [tuple(r) for r in input_ids.tolist()]
+        self.rows = [tuple(r[: n]) for r, n in zip(input_ids.tolist(), attention_mask.sum(1))]
+
+    def admit(self, input_ids, attention_mask, sources, rows):
+        self.rows += [()] * (max(rows) + 1 - len(self.rows))
+        for source, row in zip(sources, rows):
+            self.rows[row] = tuple(input_ids[source, : attention_mask[source].sum()].tolist())
+
+    def release(self, rows):
+        pass
 
     def step(self, input_ids):
         self.rows = [h + (int(t),) for h, t in zip(self.rows, input_ids[:, 0])]

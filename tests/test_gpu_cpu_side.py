@@ -229,58 +229,61 @@ def test_ort_trt_options_name_each_graph_input_once_and_the_cache_exists(demo_co
     assert backend.gather_providers() == [("CUDAExecutionProvider", {"use_tf32": "0"})]  # no TensorRT
 
 
-# -- 6. The reorder Gather's IR version ---------------------------------------------------------------------
-def test_reorder_gather_model_is_never_newer_than_the_exported_graphs(demo_artifact, demo_int8):
-    from twostep.runtime.backends.ort_cuda import gather_model
+# -- 6. The array graphs' IR version ------------------------------------------------------------------------
+def test_array_models_are_never_newer_than_the_exported_graphs(demo_artifact, demo_int8):
+    from twostep.runtime.backends.ort_cuda import array_model
 
+    data = np.arange(24).reshape(4, 3, 2)
     for art in (demo_artifact, demo_int8):
         artifact = load_artifact(art)
         graph = onnx.load(str(artifact.graph_file("decoder")), load_external_data=False)
         opset = artifact.manifest["opset"]
         for dtype in ("float32", "float16", "int64"):
-            model = onnx.load_from_string(gather_model(dtype, opset))
-            assert model.ir_version <= graph.ir_version
-            assert [o.version for o in model.opset_import] == [opset]
-            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-            data = np.arange(24).reshape(4, 3, 2).astype(dtype)
-            (out,) = session.run(None, {"data": data, "indices": np.array([2, 2, 0])})
-            np.testing.assert_array_equal(out, data[[2, 2, 0]])
+            x = data.astype(dtype)
+            cases = {"take": ({"indices": np.array([2, 2, 0]), "starts": np.array([1]), "ends": np.array([3]),
+                               "axes": np.array([1])}, x[[2, 2, 0], 1:3]),
+                     "pad": ({"pads": np.array([0, 0, 1, 0, 0, 2])}, np.pad(x, [(0, 0), (0, 0), (1, 2)])),
+                     "put": ({"indices": np.array([[3], [0]]), "updates": -x[:2]},
+                             np.concatenate([-x[1:2], x[1:3], -x[:1]]))}
+            for kind, (inputs, want) in cases.items():
+                model = onnx.load_from_string(array_model(kind, dtype, opset))
+                assert model.ir_version <= graph.ir_version
+                assert [o.version for o in model.opset_import] == [opset]
+                session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+                (out,) = session.run(None, {"data": x, **inputs})
+                np.testing.assert_array_equal(out, want)
 
 
 # -- 7. Beam reorder work -----------------------------------------------------------------------------------
-class CountingGather:
-    def __init__(self, session, counter: list):
-        self.session, self.counter = session, counter
-
-    def io_binding(self):
-        return self.session.io_binding()
-
-    def run_with_iobinding(self, binding):
-        self.counter.append(1)
-        return self.session.run_with_iobinding(binding)
-
-
 def test_beam_search_expands_cross_kv_once_then_reorders_only_the_self_cache(demo_artifact):
     from twostep.runtime.backends.ort_cuda import IoBindingSession
 
     with OrtBackend(load_artifact(demo_artifact)) as backend:
         layers = backend.config.n_decoder_layers
-        bound, gathers = IoBindingSession(backend, "cpu"), []
-        bound.gathers = {k: CountingGather(s, gathers) for k, s in bound.gathers.items()}
-        reorders = []
+        bound, runs = IoBindingSession(backend, "cpu"), []
+        ops_run = bound.ops.run
+        bound.ops.run = lambda kind, x, **inputs: (runs.append(kind), ops_run(kind, x, **inputs))[1]
+        reorders = []  # (cache_only, array operations it ran)
         original = bound.reorder
-        bound.reorder = lambda origin, cache_only=False: (reorders.append(cache_only), original(origin, cache_only))
+
+        def reorder(origin, cache_only=False):
+            before = len(runs)
+            original(origin, cache_only)
+            reorders.append((cache_only, len(runs) - before))
+
+        bound.reorder = reorder
         got = decoding.beam_search(bound, SOURCES, beam_size=4, max_new_tokens=12, **COMMON)
-        assert reorders[0] is False and all(reorders[1:]) and len(reorders) > 2
-        assert len(gathers) == (4 * layers + 1) + 2 * layers * (len(reorders) - 1)
+        assert reorders[0] == (False, 2 * layers + 2 * layers + 1)  # self K/V, cross K/V, mask: expanded once
+        assert len(reorders) > 2 and all(r == (True, 2 * layers) for r in reorders[1:])  # then self K/V only
 
         host = backend.session()
         cross = {}
         original_step = host.step
 
         def step(tokens):
-            cross.setdefault("first", {k: v for k, v in host.state.items() if "cross" in k or "mask" in k})
-            assert all(host.state[k] is v for k, v in cross["first"].items())  # never copied again
+            tensors = host.rows.tensors
+            cross.setdefault("first", {k: v for k, v in tensors.items() if "cross" in k or "mask" in k})
+            assert all(tensors[k] is v for k, v in cross["first"].items())  # never copied again
             return original_step(tokens)
 
         host.step = step
@@ -309,7 +312,7 @@ def test_trt_step_stops_at_max_positions_like_the_host_session(fake_trt, demo_co
     with TrtBackend(artifact, profile=loose) as backend:
         session = backend.session()
         session.start(np.array([[5, 6, 3]]), np.ones((1, 3), np.int64))
-        session.position = artifact.config.max_positions - 1
+        session.rows.lengths[:] = artifact.config.max_positions - 1  # a history that long, as if decoded
         with pytest.raises(BadInput, match=r"decoding past max_positions 128"):
             session.step(np.array([[4, 4]]))
 

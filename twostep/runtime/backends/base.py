@@ -1,8 +1,8 @@
 """One backend interface: load, run, close; a context manager; input checks done once, here.
 
 A backend runs the two graphs by name on named numpy tensors. `session()` gives the decoding loop a
-`StepSession`; the default one below keeps the KV cache as host arrays, and a backend that can keep it
-on its device (ort-cuda) overrides it.
+`StepSession`; the default one below keeps the decoder's inputs as host arrays (twostep.runtime.backends.rows),
+and a backend that can keep them on its device (ort-cuda, trt) overrides it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 from twostep.errors import BadInput
 from twostep.exporter.spec import GraphSpec, present_name
 from twostep.model.config import ModelConfig
+from twostep.runtime.backends.rows import DecoderRows, NumpyOps
 
 Feeds = dict[str, np.ndarray]
 
@@ -76,7 +77,13 @@ class Backend(ABC):
                     raise BadInput(f"{graph}.{t.name}: axis {axis} is {size}, expected {dim}")
                 if isinstance(dim, str) and sizes.setdefault(dim, size) != size:
                     raise BadInput(f"{graph}.{t.name}: axis {axis} ({dim}) is {size}, other inputs say {sizes[dim]}")
-        check_positions(self.config, sizes.get("past_len", 0) + sizes.get("new_len", 0))
+        lengths = feeds.get("past_lengths")
+        if lengths is not None and lengths.size:  # each row's history: at most the cache's width
+            past = sizes.get("past_len", sizes.get("capacity", 0))
+            if lengths.min() < 0 or lengths.max() > past:
+                raise BadInput(f"{graph}.past_lengths: each row's history must be 0..{past} positions (the "
+                               f"cache's width), got {lengths.min()}..{lengths.max()}")
+            check_positions(self.config, int(lengths.max()) + sizes.get("new_len", 0))
         if sizes.get("src_len", 0) > self.config.max_positions:
             raise BadInput(f"{graph}: source of {sizes['src_len']} tokens, the model takes at most "
                            f"{self.config.max_positions} (max_positions)")
@@ -99,35 +106,45 @@ class Backend(ABC):
 
 
 class HostSession:
-    """The decoding loop's view of a backend, with the KV cache kept as host arrays between steps."""
+    """The decoding loop's view of a backend, with the decoder's inputs kept as host arrays between steps:
+    rows join, leave and trade places without moving the others (DecoderRows)."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
         self.decoder = backend.graphs["decoder"]
-        self.state: Feeds = {}
-        self.position = 0
+        self.rows = DecoderRows(NumpyOps(), "encoder_attention_mask", [t.name for t in self.decoder.past_cross],
+                                [t.name for t in self.decoder.past_self])
+
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Feeds:
+        """The mask and cross K/V of a batch of sources (copies the session may write into)."""
+        enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
+        out = {"encoder_attention_mask": np.array(attention_mask)}
+        out.update({t.name: enc[present_name(t.name)] for t in self.decoder.past_cross})
+        return out
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
-        enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
-        state = {"encoder_attention_mask": attention_mask}
-        state.update({t.name: enc[present_name(t.name)] for t in self.decoder.past_cross})
+        tensors = self.encode(input_ids, attention_mask)
         for t in self.decoder.past_self:
-            state[t.name] = np.zeros(t.concrete(batch=input_ids.shape[0], past_len=0), NUMPY_DTYPES[t.dtype])
-        self.state, self.position = state, 0
+            tensors[t.name] = np.zeros(t.concrete(batch=input_ids.shape[0], past_len=0), NUMPY_DTYPES[t.dtype])
+        self.rows.start(tensors, attention_mask.sum(1))
+
+    def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray, rows: np.ndarray) -> None:
+        self.rows.admit(self.encode(input_ids, attention_mask), attention_mask.sum(1), sources, rows)
+
+    def release(self, rows: np.ndarray) -> None:
+        self.rows.release(rows)
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
-        # The inputs were checked at start; from here on the session makes them itself, so the per-step
+        # The inputs were checked when encoded; from here on the session makes them itself, so the per-step
         # check is only the one that can fail: running past the position table.
-        check_positions(self.backend.config, self.position + input_ids.shape[1])
-        out = self.backend._run("decoder", {"input_ids": input_ids, **self.state})
-        for t in self.decoder.past_self:
-            self.state[t.name] = out[present_name(t.name)]
-        self.position += input_ids.shape[1]
+        rows = self.rows
+        check_positions(self.backend.config, rows.longest + input_ids.shape[1])
+        out = self.backend._run("decoder", {"input_ids": input_ids, "past_lengths": rows.lengths, **rows.tensors})
+        rows.advance({t.name: out[present_name(t.name)] for t in self.decoder.past_self}, input_ids.shape[1])
         return np.asarray(out["logits"][:, -1], dtype=np.float32)
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
-        names = [t.name for t in self.decoder.past_self] if cache_only else list(self.state)
-        self.state.update({name: np.ascontiguousarray(self.state[name][origin]) for name in names})
+        self.rows.reorder(origin, cache_only)
 
 
 def check_positions(config: ModelConfig, positions: int) -> None:

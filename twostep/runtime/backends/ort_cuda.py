@@ -1,6 +1,7 @@
-"""The ort-cuda step session: IO binding for every input and output, the KV cache and cross K/V kept on the
-device as OrtValues across steps. Token ids go up, logits of the last position come down; beam reordering
-runs on the device through a one-node Gather graph.
+"""The ort-cuda step session: IO binding for every input and output, the decoder's inputs (KV cache, cross K/V,
+mask) kept on the device as OrtValues across steps. Token ids and lengths go up, logits of the last position
+come down; rows move on the device (beam reorder, sentences joining a running batch) through small graphs
+(`array_model`: Gather + Slice, Pad, ScatterND), with the row bookkeeping of twostep.runtime.backends.rows.
 
 Imported only when the ort-cuda backend is chosen.
 """
@@ -13,23 +14,80 @@ from onnx import TensorProto, helper
 from twostep.exporter.spec import present_name
 from twostep.runtime.backends.base import NUMPY_DTYPES, check_positions
 from twostep.runtime.backends.ort import OrtBackend, import_ort
+from twostep.runtime.backends.rows import DecoderRows
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
+MASK = "encoder_attention_mask"
 
 
-def gather_model(dtype: str, opset: int) -> bytes:
-    """out = data[indices] along axis 0, for any rank: beam search's cache reorder, on the device. In the
-    exported graphs' opset, stamped with the lowest IR version that opset needs (not the installed onnx's
-    newest, which an older ONNX Runtime refuses): never newer than the graphs themselves."""
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["data", "indices"], ["out"], axis=0)], "reorder",
-        [helper.make_tensor_value_info("data", ONNX_DTYPES[dtype], None),
-         helper.make_tensor_value_info("indices", TensorProto.INT64, ["n"])],
-        [helper.make_tensor_value_info("out", ONNX_DTYPES[dtype], None)],
-    )
+def array_model(kind: str, dtype: str, opset: int) -> bytes:
+    """One array operation as a graph, for any rank, `out` from `data`:
+    take  Slice(Gather(data, indices, axis=0), starts, ends, axes)   rows of data, one axis cut
+    pad   Pad(data, pads)                                             zeros around
+    put   ScatterND(data, indices, updates)                           rows replaced
+    In the exported graphs' opset, stamped with the lowest IR version that opset needs (not the installed
+    onnx's newest, which an older ONNX Runtime refuses): never newer than the graphs themselves."""
+    T, I64 = ONNX_DTYPES[dtype], TensorProto.INT64
+    value, ints = helper.make_tensor_value_info, lambda name: helper.make_tensor_value_info(name, I64, None)
+    if kind == "take":
+        nodes = [helper.make_node("Gather", ["data", "indices"], ["rows"], axis=0),
+                 helper.make_node("Slice", ["rows", "starts", "ends", "axes"], ["out"])]
+        inputs = [value("data", T, None), ints("indices"), ints("starts"), ints("ends"), ints("axes")]
+    elif kind == "pad":
+        nodes = [helper.make_node("Pad", ["data", "pads"], ["out"])]
+        inputs = [value("data", T, None), ints("pads")]
+    elif kind == "put":
+        nodes = [helper.make_node("ScatterND", ["data", "indices", "updates"], ["out"])]
+        inputs = [value("data", T, None), ints("indices"), value("updates", T, None)]
+    else:
+        raise ValueError(f"unknown array operation {kind!r}")
+    graph = helper.make_graph(nodes, kind, inputs, [value("out", T, None)])
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
     return model.SerializeToString()
+
+
+class OrtOps:
+    """Arrays as OrtValues on a device; each operation runs an `array_model` there (the ArrayOps of
+    twostep.runtime.backends.rows)."""
+
+    KINDS = ("take", "pad", "put")
+
+    def __init__(self, ort, providers: list, device_type: str, device_id: int, opset: int, dtypes):
+        self.device_type, self.device_id = device_type, device_id
+        self.sessions = {(kind, dtype): ort.InferenceSession(array_model(kind, dtype, opset), providers=providers)
+                         for kind in self.KINDS for dtype in dtypes}
+
+    def shape(self, x) -> tuple[int, ...]:
+        return tuple(x.shape())
+
+    def run(self, kind: str, x, **inputs):
+        session = self.sessions[kind, ORT_DTYPES[x.data_type()]]
+        binding = session.io_binding()
+        binding.bind_ortvalue_input("data", x)
+        for name, value in inputs.items():
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        binding.bind_output("out", self.device_type, self.device_id)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0]
+
+    def take(self, x, rows, axis: int, start: int, stop: int):
+        if rows is None:
+            rows = np.arange(self.shape(x)[0])
+        return self.run("take", x, indices=np.ascontiguousarray(rows, dtype=np.int64),
+                        starts=np.array([start]), ends=np.array([stop]), axes=np.array([axis]))
+
+    def pad(self, x, axis: int, before: int, after: int):
+        pads = np.zeros(2 * len(self.shape(x)), np.int64)
+        pads[axis], pads[len(pads) // 2 + axis] = before, after
+        return self.run("pad", x, pads=pads)
+
+    def put(self, x, rows, y):
+        return self.run("put", x, indices=np.ascontiguousarray(rows, dtype=np.int64)[:, None], updates=y)
 
 
 class IoBindingSession:
@@ -41,13 +99,11 @@ class IoBindingSession:
         self.backend, self.device_type, self.device_id, self.profile = backend, device_type, device_id, profile
         self.decoder = backend.graphs["decoder"]
         self.dtype = self.decoder.outputs[0].dtype
-        opset = backend.artifact.manifest["opset"]
-        self.gathers = {
-            dtype: self.ort.InferenceSession(gather_model(dtype, opset), providers=backend.gather_providers())
-            for dtype in {self.dtype, "int64"}
-        }
-        self.state: dict = {}
-        self.rows = self.position = 0
+        self.ops = OrtOps(self.ort, backend.gather_providers(), device_type, device_id,
+                          backend.artifact.manifest["opset"], {self.dtype, "int64"})
+        self.rows = DecoderRows(self.ops, MASK, [t.name for t in self.decoder.past_cross],
+                                [t.name for t in self.decoder.past_self],
+                                max_width=None if profile is None else profile.max_new_tokens - 1)
 
     def to_device(self, array: np.ndarray):
         return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device_type, self.device_id)
@@ -63,44 +119,41 @@ class IoBindingSession:
         session.run_with_iobinding(binding)
         return dict(zip(names, binding.get_outputs()))
 
-    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: int) -> dict:
         self.backend.check_inputs("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
         if self.profile is not None:
-            self.profile.check({"batch": input_ids.shape[0], "src_len": input_ids.shape[1]})
+            self.profile.check({"batch": rows, "src_len": input_ids.shape[1]})
         mask = self.to_device(attention_mask)
         enc = self.run("encoder", {"input_ids": self.to_device(input_ids), "attention_mask": mask})
-        self.state = {"encoder_attention_mask": mask}
-        self.state.update({t.name: enc[present_name(t.name)] for t in self.decoder.past_cross})
+        return {MASK: mask, **{t.name: enc[present_name(t.name)] for t in self.decoder.past_cross}}
+
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
+        tensors = self.encode(input_ids, attention_mask, input_ids.shape[0])
         for t in self.decoder.past_self:
-            self.state[t.name] = self.ort.OrtValue.ortvalue_from_shape_and_type(
+            tensors[t.name] = self.ort.OrtValue.ortvalue_from_shape_and_type(
                 list(t.concrete(batch=input_ids.shape[0], past_len=0)), NUMPY_DTYPES[t.dtype], self.device_type,
                 self.device_id)
-        self.rows, self.position = input_ids.shape[0], 0
+        self.rows.start(tensors, attention_mask.sum(1))
+
+    def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray, rows: np.ndarray) -> None:
+        tensors = self.encode(input_ids, attention_mask, max(self.rows.rows, int(rows.max()) + 1))
+        self.rows.admit(tensors, attention_mask.sum(1), sources, rows)
+
+    def release(self, rows: np.ndarray) -> None:
+        self.rows.release(rows)
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
-        check_positions(self.backend.config, self.position + input_ids.shape[1])
+        rows, new = self.rows, input_ids.shape[1]
+        check_positions(self.backend.config, rows.longest + new)
         if self.profile is not None:
-            self.profile.check({"batch": self.rows, "past_len": self.position, "new_len": input_ids.shape[1]})
-        out = self.run("decoder", {"input_ids": self.to_device(input_ids), **self.state})
-        for t in self.decoder.past_self:
-            self.state[t.name] = out[present_name(t.name)]
-        self.position += input_ids.shape[1]
+            self.profile.check({"batch": rows.rows, "past_len": rows.past_len, "new_len": new})
+        out = self.run("decoder", {"input_ids": self.to_device(input_ids), "past_lengths": self.to_device(rows.lengths),
+                                   **rows.tensors})
+        rows.advance({t.name: out[present_name(t.name)] for t in self.decoder.past_self}, new)
         return np.asarray(out["logits"].numpy()[:, -1], dtype=np.float32)
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
-        indices = self.to_device(origin.astype(np.int64))
-        names = [t.name for t in self.decoder.past_self] if cache_only else list(self.state)
-        for name in names:
-            value = self.state[name]
-            dtype = "int64" if name == "encoder_attention_mask" else self.dtype
-            session = self.gathers[dtype]
-            binding = session.io_binding()
-            binding.bind_ortvalue_input("data", value)
-            binding.bind_ortvalue_input("indices", indices)
-            binding.bind_output("out", self.device_type, self.device_id)
-            session.run_with_iobinding(binding)
-            self.state[name] = binding.get_outputs()[0]
-        self.rows = len(origin)
+        self.rows.reorder(origin, cache_only)
 
 
-__all__ = ["IoBindingSession", "gather_model"]
+__all__ = ["IoBindingSession", "OrtOps", "array_model"]

@@ -39,7 +39,8 @@ class TorchBackend(Backend):
         else:
             past = [t[s.name] for s in spec.past_self]
             cross = [t[s.name] for s in spec.past_cross]
-            logits, present = self.wrappers["decoder"](t["input_ids"], t["encoder_attention_mask"], past, cross)
+            logits, present = self.wrappers["decoder"](t["input_ids"], t["encoder_attention_mask"], t["past_lengths"],
+                                                       past, cross)
             outputs = [logits, *present]
         return {name: out.float().cpu().numpy() for name, out in zip(spec.output_names, outputs)}
 

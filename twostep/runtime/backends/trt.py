@@ -30,6 +30,7 @@ from twostep.exporter.spec import present_name
 from twostep.files import write_file_atomic
 from twostep.runtime.backends.base import Backend, Feeds, check_positions
 from twostep.runtime.backends.profile import Profile
+from twostep.runtime.backends.rows import DecoderRows, TorchOps
 
 INSTALL = "pip install 'twostep[trt]' (TensorRT 10 or 11 wheels) on a machine with an NVIDIA GPU and CUDA"
 
@@ -256,45 +257,52 @@ class TrtBackend(Backend):
 
 
 class TrtSession:
-    """The decoding loop's view: KV cache, cross K/V and mask stay on the GPU; token ids go up, the last
-    position's logits come down; beam reordering is an index_select on the device."""
+    """The decoding loop's view: KV cache, cross K/V and mask stay on the GPU (torch tensors, with the row
+    bookkeeping of twostep.runtime.backends.rows); token ids and lengths go up, the last position's logits
+    come down; rows move on the device (beam reorder, sentences joining a running batch)."""
 
     def __init__(self, backend: TrtBackend):
         self.backend, self.torch = backend, backend.torch
         self.decoder = backend.graphs["decoder"]
-        self.state: dict = {}
-        self.rows = self.position = 0
+        self.rows = DecoderRows(TorchOps(self.torch), "encoder_attention_mask", [s.name for s in self.decoder.past_cross],
+                                [s.name for s in self.decoder.past_self], max_width=backend.profile.max_new_tokens - 1)
+
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: int) -> dict:
+        b, t = self.backend, self.torch
+        b.check_inputs("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
+        b.profile.check({"batch": rows, "src_len": input_ids.shape[1]})
+        mask = t.from_numpy(np.array(attention_mask)).to(b.device)
+        enc = b.execute("encoder", {"input_ids": t.from_numpy(input_ids).to(b.device), "attention_mask": mask})
+        return {"encoder_attention_mask": mask, **{s.name: enc[present_name(s.name)] for s in self.decoder.past_cross}}
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
         b, t = self.backend, self.torch
-        b.check_inputs("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
-        b.profile.check({"batch": input_ids.shape[0], "src_len": input_ids.shape[1]})
         with b.on_stream():
-            mask = t.from_numpy(attention_mask).to(b.device)
-            enc = b.execute("encoder", {"input_ids": t.from_numpy(input_ids).to(b.device), "attention_mask": mask})
-            self.state = {"encoder_attention_mask": mask}
-            self.state.update({s.name: enc[present_name(s.name)] for s in self.decoder.past_cross})
+            tensors = self.encode(input_ids, attention_mask, input_ids.shape[0])
             for s in self.decoder.past_self:
-                self.state[s.name] = t.empty(s.concrete(batch=input_ids.shape[0], past_len=0),
-                                             dtype=b.torch_dtype("decoder", s.name), device=b.device)
-        self.rows, self.position = input_ids.shape[0], 0
+                tensors[s.name] = t.empty(s.concrete(batch=input_ids.shape[0], past_len=0),
+                                          dtype=b.torch_dtype("decoder", s.name), device=b.device)
+            self.rows.start(tensors, attention_mask.sum(1))
+
+    def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray, rows: np.ndarray) -> None:
+        with self.backend.on_stream():  # the rows' indices live on the stream that reads them
+            tensors = self.encode(input_ids, attention_mask, max(self.rows.rows, int(rows.max()) + 1))
+            self.rows.admit(tensors, attention_mask.sum(1), sources, rows)
+
+    def release(self, rows: np.ndarray) -> None:
+        self.rows.release(rows)
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
-        b, t = self.backend, self.torch
-        check_positions(b.config, self.position + input_ids.shape[1])
-        b.profile.check({"batch": self.rows, "past_len": self.position, "new_len": input_ids.shape[1]})
+        b, t, rows, new = self.backend, self.torch, self.rows, input_ids.shape[1]
+        check_positions(b.config, rows.longest + new)
+        b.profile.check({"batch": rows.rows, "past_len": rows.past_len, "new_len": new})
         with b.on_stream():
-            out = b.execute("decoder", {"input_ids": t.from_numpy(input_ids).to(b.device), **self.state})
-            for s in self.decoder.past_self:
-                self.state[s.name] = out[present_name(s.name)]
+            out = b.execute("decoder", {"input_ids": t.from_numpy(input_ids).to(b.device),
+                                        "past_lengths": t.from_numpy(rows.lengths.copy()).to(b.device), **rows.tensors})
+            rows.advance({s.name: out[present_name(s.name)] for s in self.decoder.past_self}, new)
             logits = out["logits"][:, -1].float().cpu()
-        self.position += input_ids.shape[1]
         return logits.numpy()
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
-        b = self.backend
-        names = [s.name for s in self.decoder.past_self] if cache_only else list(self.state)
-        with b.on_stream():  # the index lives on the stream that reads it
-            index = self.torch.from_numpy(origin.astype(np.int64)).to(b.device)
-            self.state.update({k: self.state[k].index_select(0, index) for k in names})
-        self.rows = len(origin)
+        with self.backend.on_stream():  # the index lives on the stream that reads it
+            self.rows.reorder(origin, cache_only)
