@@ -15,7 +15,7 @@ using nlohmann::json;
 
 namespace {
 constexpr const char* kFormat = "twostep-artifact";
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 constexpr const char* kManifest = "manifest.json";
 
 std::vector<std::string> names(const json& tensors) {
@@ -241,6 +241,12 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
   if (!j.is_object() || j.value("format", json()) != kFormat)
     throw Error(where + ": not a twostep manifest (format != '" + kFormat + "')");
   const json version = j.value("schema_version", json());
+  if (version.is_number_integer() && version.get<int64_t>() >= 1 && version.get<int64_t>() < kSchemaVersion)
+    throw Error(where + ": schema version " + version.dump() +
+                ", exported by an older twostep whose decoder runs every row at one position; this twostep reads "
+                "version " + std::to_string(kSchemaVersion) +
+                " (rows at different positions, so sentences can join a running batch): re-export it from its "
+                "checkpoint with `twostep export CHECKPOINT --out DIR --force`");
   if (version != kSchemaVersion)
     throw Error(where + ": schema version " + version.dump() + ", this twostep reads version " +
                 std::to_string(kSchemaVersion) + "; re-export with this twostep or install the matching one");

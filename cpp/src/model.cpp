@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <string>
 
 #include "decoding.h"
@@ -61,6 +62,18 @@ std::vector<const char*> c_strs(const std::vector<std::string>& names) {
   std::vector<const char*> out;
   for (const auto& n : names) out.push_back(n.c_str());
   return out;
+}
+
+// The graph file's own inputs and outputs must be the manifest's, as sets (a manifest that leaves out a cache
+// input would otherwise fail deep inside a run).
+void check_io(Ort::Session& session, const Manifest::Graph& graph, const std::string& name) {
+  Ort::AllocatorWithDefaultOptions alloc;
+  std::set<std::string> inputs, outputs;
+  for (size_t i = 0; i < session.GetInputCount(); ++i) inputs.insert(session.GetInputNameAllocated(i, alloc).get());
+  for (size_t i = 0; i < session.GetOutputCount(); ++i) outputs.insert(session.GetOutputNameAllocated(i, alloc).get());
+  if (inputs != std::set<std::string>(graph.inputs.begin(), graph.inputs.end()) ||
+      outputs != std::set<std::string>(graph.outputs.begin(), graph.outputs.end()))
+    throw Error(name + " graph: its inputs and outputs are not those manifest.json lists; re-export the artifact");
 }
 
 bool blank(const std::string& text) { return text.find_first_not_of(" \t\n\v\f\r") == std::string::npos; }
@@ -162,7 +175,7 @@ struct Model::Impl final : detail::StepSession {
   sentencepiece::SentencePieceProcessor sp;
   bool has_tokenizer = false;
   std::vector<const char*> enc_in, enc_out, dec_in, dec_out;
-  size_t enc_ids = 0, ids_slot = 0, mask_slot = 0, logits_out = 0;
+  size_t enc_ids = 0, ids_slot = 0, mask_slot = 0, lengths_slot = 0, logits_out = 0;  // lengths: past_lengths
   std::vector<std::pair<size_t, size_t>> self_slots;   // (decoder input past_*_self_i, decoder output present_*)
   std::vector<std::pair<size_t, size_t>> cross_slots;  // (decoder input past_*_cross_i, encoder output present_*)
 
@@ -288,6 +301,8 @@ struct Model::Impl final : detail::StepSession {
                   std::to_string(m.max_positions) + " (max_positions)");
     feeds[ids_slot] = tensor({rows, 1}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
     std::copy(tokens.begin(), tokens.end(), feeds[ids_slot].GetTensorMutableData<int64_t>());
+    feeds[lengths_slot] = tensor({rows}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);  // every row at one position here
+    std::fill_n(feeds[lengths_slot].GetTensorMutableData<int64_t>(), rows, past_len);
     auto out = run(decoder, "decoder", dec_in, feeds.data(), dec_out, "logits");
     for (const auto& [in, present] : self_slots) feeds[in] = std::move(out[present]);  // present -> next past
     logits = std::move(out[logits_out]);
@@ -304,7 +319,7 @@ struct Model::Impl final : detail::StepSession {
 
   void expand(const std::vector<int64_t>& keep) override {
     for (size_t i = 0; i < feeds.size(); ++i)
-      if (i != ids_slot) feeds[i] = gather(feeds[i], keep);
+      if (i != ids_slot && i != lengths_slot) feeds[i] = gather(feeds[i], keep);
     rows = static_cast<int64_t>(keep.size());
   }
 
@@ -398,10 +413,11 @@ std::unique_ptr<Model::Impl> Model::Impl::load(const fs::path& dir, const Option
   index_of(m.encoder.inputs, "attention_mask", "encoder");
   x.ids_slot = index_of(m.decoder.inputs, "input_ids", "decoder");
   x.mask_slot = index_of(m.decoder.inputs, "encoder_attention_mask", "decoder");
+  x.lengths_slot = index_of(m.decoder.inputs, "past_lengths", "decoder");
   x.logits_out = index_of(m.decoder.outputs, "logits", "decoder");
   for (size_t i = 0; i < m.decoder.inputs.size(); ++i) {
     const std::string& name = m.decoder.inputs[i];
-    if (i == x.ids_slot || i == x.mask_slot) continue;
+    if (i == x.ids_slot || i == x.mask_slot || i == x.lengths_slot) continue;
     const std::string present = "present_" + name.substr(name.rfind("past_", 0) == 0 ? 5 : 0);
     if (name.rfind("past_", 0) == 0 && name.find("_self_") != std::string::npos)
       x.self_slots.emplace_back(i, index_of(m.decoder.outputs, present, "decoder"));
@@ -414,6 +430,8 @@ std::unique_ptr<Model::Impl> Model::Impl::load(const fs::path& dir, const Option
   m.check_external_data();
   x.encoder = x.open(options, m.encoder.file);
   x.decoder = x.open(options, m.decoder.file);
+  check_io(x.encoder, m.encoder, "encoder");
+  check_io(x.decoder, m.decoder, "decoder");
   x.bound = options.provider == "cuda" || options.io_binding;
   if (x.bound) {
     x.state_memory = options.provider == "cuda" ? Ort::MemoryInfo("Cuda", OrtDeviceAllocator, 0, OrtMemTypeDefault)

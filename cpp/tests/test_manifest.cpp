@@ -32,7 +32,7 @@ struct Artifact {
     write(dir / "decoder.onnx", "not really a decoder");
     manifest = {
         {"format", "twostep-artifact"},
-        {"schema_version", 1},
+        {"schema_version", 2},
         {"model", {{"src_vocab_size", 50}, {"tgt_vocab_size", 60}, {"max_positions", 64}, {"pad_id", 0},
                    {"unk_id", 1}, {"bos_id", 2}, {"eos_id", 3}}},
         {"dtype", "float32"},
@@ -45,6 +45,7 @@ struct Artifact {
           {"decoder", {{"file", "decoder.onnx"},
                        {"inputs", {tensor("input_ids", {"batch", "new_len"}),
                                    tensor("encoder_attention_mask", {"batch", "src_len"}),
+                                   tensor("past_lengths", {"batch"}),
                                    tensor("past_key_self_0", {"batch", 4, "past_len", 8}),
                                    tensor("past_value_self_0", {"batch", 4, "past_len", 6})}},
                        {"outputs", {tensor("logits", {"batch", "new_len", 60})}}}}}},
@@ -88,18 +89,27 @@ TEST_CASE("a good manifest") {
   CHECK(m.head_dim_k == 8);
   CHECK(m.head_dim_v == 6);
   CHECK(m.decoder.file == "decoder.onnx");
-  CHECK(m.decoder.inputs == std::vector<std::string>{"input_ids", "encoder_attention_mask", "past_key_self_0",
-                                                     "past_value_self_0"});
+  CHECK(m.decoder.inputs == std::vector<std::string>{"input_ids", "encoder_attention_mask", "past_lengths",
+                                                     "past_key_self_0", "past_value_self_0"});
   CHECK(m.encoder.outputs.size() == 2);
   CHECK(m.files.size() == 2);
 }
 
 TEST_CASE("wrong schema version") {
   Artifact a;
-  a.manifest["schema_version"] = 2;
+  a.manifest["schema_version"] = 3;
   a.save();
   const std::string e = error_of(a.dir);
-  CHECK(contains(e, "manifest.json: schema version 2, this twostep reads version 1"));
+  CHECK(contains(e, "manifest.json: schema version 3, this twostep reads version 2"));
+}
+
+TEST_CASE("an artifact of the older schema asks to be re-exported") {
+  Artifact a;
+  a.manifest["schema_version"] = 1;
+  a.save();
+  const std::string e = error_of(a.dir);
+  CHECK(contains(e, "manifest.json: schema version 1, exported by an older twostep"));
+  CHECK(contains(e, "re-export it from its checkpoint with `twostep export CHECKPOINT --out DIR --force`"));
 }
 
 TEST_CASE("not a twostep manifest") {
