@@ -41,13 +41,25 @@ class Recorder:
     def reorder(self, origin, cache_only=False):
         self.inner.reorder(origin, cache_only)
 
+    def admit(self, input_ids, attention_mask, sources, rows):
+        self.inner.admit(input_ids, attention_mask, sources, rows)
+
+    def release(self, rows):
+        self.inner.release(rows)
+
 
 class Counting(Metrics):
     def __init__(self):
-        self.batches, self.tokens = [], 0
+        self.batches, self.joins, self.steps, self.tokens = [], [], [], 0
 
     def batch(self, sentences, rows):
         self.batches.append((sentences, rows))
+
+    def joined(self, sentences, rows):
+        self.joins.append((sentences, rows))
+
+    def step(self, rows):
+        self.steps.append(rows)
 
     def generated(self, tokens):
         self.tokens += tokens
@@ -61,6 +73,8 @@ def demo(demo_artifact):
 
 
 def make(demo, **limits) -> tuple[BatchingTranslator, Recorder, Counting]:
+    """An executor over a recording session; in-flight batching unless the test says otherwise."""
+    limits.setdefault("inflight", True)
     artifact, backend = demo
     session, metrics = Recorder(backend.session()), Counting()
     tokenizer = Tokenizer(artifact.tokenizer_path)
@@ -106,7 +120,8 @@ def test_concurrent_callers_get_exactly_a_sequential_runs_outputs_in_their_own_o
 
     assert scores(got) == pytest.approx(scores(want), abs=1e-4)
     assert max(sentences for sentences, _ in metrics.batches) > 1, "16 callers, yet no batch held two sentences"
-    assert sum(s for s, _ in metrics.batches) == sum(map(len, requests))
+    assert sum(s for s, _ in metrics.batches + metrics.joins) == sum(map(len, requests))
+    assert metrics.joins, "16 callers, yet no sentence joined a running batch"
     assert metrics.tokens > 0
 
 
@@ -224,3 +239,51 @@ def test_batches_respect_the_token_and_row_budgets(demo, sentences):
 def test_bad_limits_are_one_bad_input():
     with pytest.raises(BadInput, match="max_queue must be positive.*max_wait_ms must be 0 or more"):
         BatchLimits(max_queue=0, max_wait_ms=-1)
+
+
+@pytest.mark.parametrize("inflight", [True, False], ids=["inflight", "static"])
+def test_a_sentence_that_arrives_mid_batch_joins_it_at_the_next_step_unless_batching_is_static(
+        demo, test_sentences, inflight):
+    long, short = max(test_sentences, key=len), min(test_sentences, key=len)
+    ex, session, metrics = make(demo, max_wait_ms=0, inflight=inflight)
+    options = DecodeOptions(suppress_eos=True, max_new_tokens=40)  # the long one decodes 40 steps
+    late, answered = [], {}
+    with ex:
+        first = ex.submit_ids(ex.encode([long]), options)
+        first.add_done_callback(lambda _: answered.setdefault("long", len(session.rows)))
+
+        def arrive(steps):  # in the worker, inside step 5: the short request comes while the batch decodes
+            if steps == 5:
+                late.append(ex.submit_ids(ex.encode([short])))
+                late[0].add_done_callback(lambda _: answered.setdefault("short", len(session.rows)))
+
+        session.hook = arrive
+        got_long, got_short = first.result(60), late and late[0].result(60)
+    want = sequential(demo, [[short]], DecodeOptions())[0][0][0][0]
+    assert ex.tokenizer.decode(got_short[0][0].tokens) == want  # the same as decoded alone
+    assert len(got_long[0][0].tokens) == 40
+    short_steps = len(got_short[0][0].tokens) + 1
+    if inflight:
+        # steps 1-5 hold the long one; from step 6 both; once the short one is done its row leaves
+        assert session.rows[:5] == [1] * 5 and session.rows[5:5 + short_steps] == [2] * short_steps
+        assert session.rows[5 + short_steps:] == [1] * (40 - 5 - short_steps)
+        assert answered["short"] == 5 + short_steps < answered["long"] == 40
+        assert metrics.joins == [(1, 1)] and metrics.batches == [(1, 1)]
+        assert metrics.steps == session.rows
+    else:  # it waits for the batch to end, then decodes alone
+        assert session.rows == [1] * (40 + short_steps)
+        assert answered["long"] == 40 < answered["short"] == 40 + short_steps
+        assert metrics.joins == [] and metrics.batches == [(1, 1), (1, 1)]
+
+
+def test_a_session_busy_in_another_thread_stops_the_worker_and_refuses_instead_of_hanging(demo):
+    from twostep.runtime import decoding
+
+    artifact, backend = demo
+    session = backend.session()
+    with decoding.exclusive(session):  # someone else decodes on it
+        ex = BatchingTranslator(session, Specials.of(artifact.config))
+        ex.worker.join(30)
+    assert not ex.worker.is_alive()
+    with pytest.raises(Overloaded, match="shutting down"):
+        ex.submit_ids([[5, 3]])

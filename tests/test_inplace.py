@@ -207,7 +207,8 @@ def test_the_batching_executor_decodes_with_it_as_sentences_come_and_leave(demo_
         want = Translator(eager.session(), specials, batch_size=64, options=options).decode_ids(sources)
     with OrtBackend(art, threads=2) as backend:
         assert backend.inplace
-        ex = BatchingTranslator(backend.session(), specials, limits=BatchLimits(max_wait_ms=50), options=options)
+        ex = BatchingTranslator(backend.session(), specials, limits=BatchLimits(max_wait_ms=50, inflight=True),
+                                options=options)
         with ex, ThreadPoolExecutor(max_workers=16) as pool:
             got = list(pool.map(lambda s: ex.decode_ids([s])[0], sources))
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]

@@ -187,3 +187,36 @@ def test_sigterm_answers_requests_in_flight_then_exits(demo_artifact, sentences)
 def test_serve_refuses_a_bad_artifact_before_starting(tmp_path):
     (tmp_path / "manifest.json").write_text("{not json")
     assert_user_error(twostep("serve", str(tmp_path), "--port", "0"), "manifest.json")
+
+
+def counter(url, name) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return next(s.value for f in text_string_to_metric_families(text) if f.name == name
+                for s in f.samples if s.name == name + "_total")
+
+
+@pytest.mark.parametrize("batching", ["inflight", "static"])
+def test_requests_arriving_during_a_batch_join_it_only_in_flight(demo_artifact, sentences, batching):
+    """A long request decodes (8 sentences x beam 4, 120 tokens each); short ones sent meanwhile join its batch
+    at the next step with --batching inflight, and wait for it to end with static. Answers are the same."""
+    long = {"text": sorted(sentences, key=len)[-8:], "beam": 4, "suppress_eos": True, "max_new_tokens": 120}
+    shorts = [{"text": [s]} for s in sentences[:8]]
+    with server(demo_artifact, "--batching", batching, "--max-wait-ms", 0) as (url, _):
+        with ThreadPoolExecutor(max_workers=9) as pool:
+            first = pool.submit(post, url, long)
+            deadline = time.monotonic() + 30
+            while counter(url, "twostep_batches") < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            replies = list(pool.map(lambda body: post(url, body), shorts))
+            done_first = first.done()
+            assert first.result().status_code == 200
+        joined, steps = counter(url, "twostep_joined_sentences"), counter(url, "twostep_decoder_steps")
+    assert all(r.status_code == 200 for r in replies)
+    translator, backend = open_translator(demo_artifact, "ort-cpu")
+    with backend:
+        want = translator.translate([s["text"][0] for s in shorts])
+    assert [r.json()["translations"][0][0]["text"] for r in replies] == want
+    if batching == "inflight":
+        assert joined >= 1 and not done_first  # the shorts were answered while the long request decoded
+    else:
+        assert joined == 0 and steps >= 120

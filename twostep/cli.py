@@ -332,6 +332,8 @@ def serve_cmd(
     max_batch_rows: int = typer.Option(64, min=1, help="... and at most this many rows (sentences x beam)."),
     max_wait_ms: float = typer.Option(5.0, min=0, help="How long a batch waits to fill after its first sentence."),
     max_queue: int = typer.Option(1024, min=1, help="Sentences that may wait; beyond it requests get 503."),
+    batching: str = typer.Option("static", help="static: sentences that arrive while a batch runs wait until it "
+                                 "ends; inflight: they join it at its next step (see the README)."),
     max_sentences: int = typer.Option(64, min=1, help="Sentences per request; beyond it 413."),
     threads: Optional[int] = typer.Option(None, min=1),
     ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep[ray]')."),
@@ -348,9 +350,11 @@ def serve_cmd(
         from twostep.serving.http import ServeConfig
     except ImportError as exc:
         raise TwostepError(f"serving needs its extra: pip install 'twostep[serve]' ({exc})") from None
+    if batching not in ("inflight", "static"):
+        raise TwostepError(f"--batching takes inflight or static, got {batching!r}")
     check_servable(model_dir, backend)
     limits = BatchLimits(max_batch_tokens=max_batch_tokens, max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms,
-                         max_queue=max_queue)
+                         max_queue=max_queue, inflight=batching == "inflight")
     config = ServeConfig(str(model_dir.resolve()), backend, threads, limits, max_sentences=max_sentences)
     if not ray:
         from twostep.serving.http import serve

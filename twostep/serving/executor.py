@@ -2,15 +2,26 @@
 
 Threads call `translate(...)` (or coroutines `await translate_async(...)`) on one shared `BatchingTranslator`.
 Each request's sentences are checked in the caller's thread (a bad request fails alone, before it is queued),
-then wait in one bounded queue. A worker thread takes sentences decoded with the same options, in arrival
-order, until a batch holds `max_batch_tokens` source tokens x beam or `max_batch_rows` rows, or
-`max_wait_ms` have passed since the first of them came or since the worker became free, whichever is later; sorts them by length and decodes them together. A sentence that finishes
-leaves the running batch at the next step (its cache, cross K/V and mask rows are dropped) and its request
-is answered as soon as its last sentence is done; a request whose caller went away (a cancelled future) has
-its rows dropped the same way. A full queue refuses at once with `Overloaded`.
+then wait in one bounded queue. A worker thread decodes them in one running batch (decoding.RunningBatch):
 
-Each sentence decodes as if alone: its own max_new_tokens (2 x its length + 16, or the request's), and
-sampling seeded per sentence, so outputs do not depend on what else shares the batch.
+- In-flight batching (`inflight=True`): at every step boundary, the sentences waiting in the queue join the
+  running batch, in arrival order, as long as it holds at most `max_batch_tokens` source tokens x beam and
+  `max_batch_rows` rows. Their encoder runs for them alone; they take the rows that finished sentences freed
+  (or new rows) with an empty history and decode next to sentences that are further on. A sentence that
+  arrives while a batch decodes waits at most one decoder step, not for the batch to end.
+- Static batching (the default): a batch takes what fits and runs until its last sentence is done;
+  sentences that arrive meanwhile wait for the next batch.
+
+Either way a batch starts once its first sentence has waited `max_wait_ms` after it came or after the worker
+became free (whichever is later), or sooner once the batch is full; sentences decoded with different options
+share it (each decodes with its own). A sentence that finishes leaves the batch at that step (its rows are
+freed for the next to join) and its request is answered as soon as its last sentence is done; a request
+whose caller went away (a cancelled future) has its rows freed the same way. A full queue refuses at once
+with `Overloaded`.
+
+Each sentence decodes as if alone: its own max_new_tokens (2 x its length + 16, or the request's), sampling
+seeded per sentence, and rows computed without regard to their neighbours, so outputs do not depend on what
+else shares the batch, or on when a sentence joined it.
 
 Imports no web framework: `twostep.serving.http` and `twostep.serving.ray_app` serve it.
 """
@@ -29,7 +40,7 @@ from dataclasses import dataclass, field, replace
 
 from twostep.errors import BadInput, Overloaded, TwostepError
 from twostep.runtime import decoding
-from twostep.runtime.decoding import DecodeOptions, Hypothesis, RowControl, StepSession
+from twostep.runtime.decoding import DecodeOptions, Entry, Hypothesis, RunningBatch, StepSession
 from twostep.runtime.tokenizer import Tokenizer
 from twostep.runtime.translator import Specials, Translator
 
@@ -38,13 +49,16 @@ log = logging.getLogger("twostep.serving")
 
 @dataclass(frozen=True)
 class BatchLimits:
-    """How the executor batches: a batch closes at max_batch_tokens (source tokens x beam) or max_batch_rows
-    (sentences x beam), or once its first sentence has waited max_wait_ms; at most max_queue sentences wait."""
+    """How the executor batches: a batch holds at most max_batch_tokens (source tokens x beam) and
+    max_batch_rows (sentences x beam); it starts once its first sentence has waited max_wait_ms (or is
+    full); at most max_queue sentences wait. `inflight`: waiting sentences join the running batch at the next
+    step (default False: they wait for it to end; see docs/benchmarks.md for when each wins)."""
 
     max_batch_tokens: int = 4096
     max_batch_rows: int = 64
     max_wait_ms: float = 5.0
     max_queue: int = 1024
+    inflight: bool = False
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be positive, got {getattr(self, name)!r}"
@@ -59,7 +73,13 @@ class Metrics:
     """What the executor reports; the HTTP server's Prometheus metrics subclass it. This one counts nothing."""
 
     def batch(self, sentences: int, rows: int) -> None:
-        """A batch started decoding."""
+        """A batch started decoding with these sentences and rows."""
+
+    def joined(self, sentences: int, rows: int) -> None:
+        """Sentences joined a running batch."""
+
+    def step(self, rows: int) -> None:
+        """A decoder step ran for this many rows of sentences (free rows not counted)."""
 
     def generated(self, tokens: int) -> None:
         """A sentence finished with this many tokens (its best hypothesis)."""
@@ -72,11 +92,11 @@ class Request:
     future: Future = field(default_factory=Future)
     results: list = field(init=False)
     remaining: int = field(init=False)
-    key: DecodeOptions = field(init=False)  # requests with equal keys share batches
+    key: DecodeOptions = field(init=False)  # the options a sentence decodes with; max_new_tokens is its limit
 
     def __post_init__(self) -> None:
         self.results, self.remaining = [[] for _ in self.sources], len(self.sources)
-        self.key = replace(self.options, max_new_tokens=None)  # max_new_tokens is a per-row limit
+        self.key = replace(self.options, max_new_tokens=None)
 
 
 @dataclass(eq=False)
@@ -88,12 +108,16 @@ class Sentence:
     arrived: float
 
     @property
-    def cost(self) -> int:  # source tokens x beam: what a batch's cross K/V holds
-        return len(self.ids) * self.request.options.beam_size
+    def rows(self) -> int:
+        return self.request.options.beam_size
 
     @property
-    def key(self) -> DecodeOptions:
-        return self.request.key
+    def cost(self) -> int:  # source tokens x beam: what a batch's cross K/V holds
+        return len(self.ids) * self.rows
+
+    @property
+    def cancelled(self) -> bool:  # its caller went away, or a sentence of its request failed: nobody waits for it
+        return self.request.future.done()
 
 
 class BatchingTranslator(Translator):
@@ -137,6 +161,8 @@ class BatchingTranslator(Translator):
         with self.cond:
             if self.closed:
                 raise Overloaded("the translator is shutting down and takes no new requests")
+            if len(self.waiting) + len(sources) > self.limits.max_queue:  # callers gone: not waiting any more
+                self.waiting = deque(x for x in self.waiting if not x.cancelled)
             if len(self.waiting) + len(sources) > self.limits.max_queue:
                 raise Overloaded(f"the queue is full ({len(self.waiting)} sentences waiting, at most "
                                  f"{self.limits.max_queue}); retry later")
@@ -183,72 +209,109 @@ class BatchingTranslator(Translator):
 
     # -- the worker ------------------------------------------------------------------------------------
     def work(self) -> None:
-        while True:
-            batch = self.next_batch()
-            if batch is None:
-                return
-            self.run(batch)
+        try:
+            self.decode_forever()
+        except BaseException as exc:  # the worker cannot go on (the session is busy elsewhere): nobody is left waiting
+            with self.cond:
+                self.closed = True
+                waiting, self.waiting = list(self.waiting), deque()
+            self.fail(waiting, exc if isinstance(exc, Exception) else RuntimeError("the batching worker stopped"))
+            if not isinstance(exc, TwostepError):
+                raise
+            log.error("the batching worker stopped: %s", exc)
 
-    def next_batch(self) -> list[Sentence] | None:
-        """Blocks until a batch is due: full, or max_wait_ms after its first sentence came or after the worker
-        became free, whichever is later (callers answered by the last batch send their next requests in that
-        time, and join this one instead of forming a batch of their own); None once closed and drained."""
+    def decode_forever(self) -> None:
+        s = self.specials
+        with decoding.exclusive(self.session):
+            batch = RunningBatch(self.session, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
+                                 cancelled=lambda sentence: sentence.cancelled)
+            while True:
+                joining = self.next_sentences(batch)
+                if joining is None:
+                    return
+                try:
+                    if joining:
+                        self.join(batch, joining)
+                    if batch.sentences:
+                        self.metrics.step(batch.live_rows)
+                        self.answer_all(batch.step())
+                except Exception as exc:  # the batch's requests fail; the worker goes on with a new batch
+                    self.fail([*batch.owners(), *joining], exc)
+                    batch = RunningBatch(self.session, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
+                                         cancelled=lambda sentence: sentence.cancelled)
+
+    def join(self, batch: RunningBatch, joining: list[Sentence]) -> None:
+        running = batch.sentences
+        try:
+            self.answer_all(batch.add([Entry(x.ids, x.request.key, x.limit, x) for x in joining]))
+        except TwostepError as exc:  # refused before the batch changed (an engine profile's limit): those alone fail
+            self.fail(joining, exc)
+            return
+        rows = sum(x.rows for x in joining)
+        (self.metrics.joined if running else self.metrics.batch)(len(joining), rows)
+
+    def fail(self, sentences: list[Sentence], exc: Exception) -> None:
+        if not isinstance(exc, TwostepError):
+            log.exception("decoding a batch of %d sentences failed", len(sentences))
+        for x in sentences:
+            try:
+                x.request.future.set_exception(exc)
+            except InvalidStateError:  # answered, or cancelled
+                pass
+
+    def next_sentences(self, batch: RunningBatch) -> list[Sentence] | None:
+        """The sentences that join the batch now. While it runs: those waiting that fit (none when batching is
+        static), without blocking. Otherwise it blocks until a batch is due: full, or max_wait_ms after its
+        first sentence came or after the worker became free, whichever is later (callers answered by the last
+        batch send their next requests in that time, and join this one instead of forming a batch of their
+        own); None once closed and drained."""
+        if batch.sentences:
+            if not self.limits.inflight:
+                return []
+            with self.cond:
+                running = batch.owners()
+                return self.take(self.fitting(sum(x.rows for x in running), sum(x.cost for x in running))[0])
         free_since = time.monotonic()
         with self.cond:
             while True:
-                while self.waiting and self.waiting[0].request.future.cancelled():
+                while self.waiting and self.waiting[0].cancelled:
                     self.waiting.popleft()
                 if self.waiting:
                     break
                 if self.closed:
                     return None
                 self.cond.wait()
-            first = self.waiting[0]
-            deadline = max(first.arrived, free_since) + self.limits.max_wait_ms / 1000
+            deadline = max(self.waiting[0].arrived, free_since) + self.limits.max_wait_ms / 1000
             while True:
-                taken, full = self.fitting(first.key)
+                taken, full = self.fitting()
                 if self.closed or full or time.monotonic() >= deadline:
                     return self.take(taken)
                 self.cond.wait(deadline - time.monotonic())
 
-    def fitting(self, options: DecodeOptions) -> tuple[list[Sentence], bool]:
-        """The waiting sentences with these options that fit in one batch, in arrival order, from one scan of
-        the queue; and whether the batch is full: another sentence with these options is waiting that does
-        not fit, or the next could not (waiting for more would gain nothing)."""
-        taken, tokens, rows = [], 0, 0
-        for s in self.waiting:
-            if s.key != options or s.request.future.cancelled():
+    def fitting(self, rows: int = 0, tokens: int = 0) -> tuple[list[Sentence], bool]:
+        """The waiting sentences that fit in a batch already holding `rows` and `tokens`, in arrival order,
+        from one scan of the queue (the first that does not fit ends it: later ones do not overtake it); and
+        whether the batch is then full: a sentence waits that does not fit, or the rows are all taken."""
+        taken, max_tokens, max_rows = [], self.limits.max_batch_tokens, self.limits.max_batch_rows
+        for x in self.waiting:
+            if x.cancelled:
                 continue
-            if rows and (tokens + s.cost > self.limits.max_batch_tokens
-                         or rows + options.beam_size > self.limits.max_batch_rows):
+            if (rows or taken) and (tokens + x.cost > max_tokens or rows + x.rows > max_rows):
                 return taken, True
-            tokens, rows = tokens + s.cost, rows + options.beam_size
-            taken.append(s)
-        full = tokens >= self.limits.max_batch_tokens or rows + options.beam_size > self.limits.max_batch_rows
-        return taken, full
+            tokens, rows = tokens + x.cost, rows + x.rows
+            taken.append(x)
+        return taken, tokens >= max_tokens or rows >= max_rows
 
     def take(self, taken: list[Sentence]) -> list[Sentence]:
+        if not taken:
+            return taken
         chosen = set(map(id, taken))
-        self.waiting = deque(s for s in self.waiting if id(s) not in chosen and not s.request.future.cancelled())
-        return sorted(taken, key=lambda s: len(s.ids))  # similar lengths side by side, less padding
+        self.waiting = deque(x for x in self.waiting if id(x) not in chosen and not x.cancelled)
+        return sorted(taken, key=lambda x: len(x.ids))  # similar lengths side by side, less padding
 
-    def run(self, batch: list[Sentence]) -> None:
-        options = batch[0].key
-        s = self.specials
-        control = RowControl(limits=[x.limit for x in batch], on_done=lambda i, hyps: self.answer(batch[i], hyps),
-                             cancelled=lambda i: batch[i].request.future.cancelled())
-        self.metrics.batch(len(batch), len(batch) * options.beam_size)
-        try:
-            decoding.decode(self.session, [x.ids for x in batch], options, bos_id=s.bos_id, eos_id=s.eos_id,
-                            pad_id=s.pad_id, max_new_tokens=max(x.limit for x in batch), control=control)
-        except Exception as exc:  # the batch's requests fail; the worker goes on with the next batch
-            if not isinstance(exc, TwostepError):
-                log.exception("decoding a batch of %d sentences failed", len(batch))
-            for x in batch:
-                try:
-                    x.request.future.set_exception(exc)
-                except InvalidStateError:  # answered, or cancelled
-                    pass
+    def answer_all(self, finished: list[tuple[Sentence, list[Hypothesis]]]) -> None:
+        for sentence, hypotheses in finished:
+            self.answer(sentence, hypotheses)
 
     def answer(self, sentence: Sentence, hypotheses: list[Hypothesis]) -> None:
         request = sentence.request

@@ -91,6 +91,12 @@ class PrometheusMetrics(Metrics):
         self.batch_sentences = Counter("twostep_batch_sentences", "Sentences put into decode batches.",
                                        registry=registry)
         self.batches = Counter("twostep_batches", "Decode batches started.", registry=registry)
+        self.joined_sentences = Counter("twostep_joined_sentences", "Sentences that joined a running batch.",
+                                        registry=registry)
+        self.steps = Counter("twostep_decoder_steps", "Decoder steps run.", registry=registry)
+        self.step_rows = Counter("twostep_decoder_step_rows", "Rows of sentences (sentences x beam) summed over "
+                                 "decoder steps: divided by twostep_decoder_steps_total, the mean batch per step.",
+                                 registry=registry)
         self.tokens = Counter("twostep_generated_tokens", "Tokens generated (best hypothesis of each sentence).",
                               registry=registry)
         self.queue = Gauge("twostep_queue_depth", "Sentences waiting for a batch.", registry=registry)
@@ -99,6 +105,13 @@ class PrometheusMetrics(Metrics):
         self.batches.inc()
         self.batch_sentences.inc(sentences)
         self.batch_rows.observe(rows)
+
+    def joined(self, sentences: int, rows: int) -> None:
+        self.joined_sentences.inc(sentences)
+
+    def step(self, rows: int) -> None:
+        self.steps.inc()
+        self.step_rows.inc(rows)
 
     def generated(self, tokens: int) -> None:
         self.tokens.inc(tokens)
