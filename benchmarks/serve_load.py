@@ -2,6 +2,8 @@
 
     python -m benchmarks.serve_load [--work DIR] [--presets demo,base] [--concurrency 1,8,32,64]
                                     [--requests 96] [--markdown FILE]
+    python -m benchmarks.serve_load --scenario mixed [--presets demo,base] [--mixed-requests 256]
+                                    [--rounds 2] [--markdown FILE]
 
 Per preset (the bundled demo model; the paper's base model with random weights, vocab 32000):
 1. offline: `twostep bench` at batch 32 (the throughput the server should approach);
@@ -12,6 +14,14 @@ Per preset (the bundled demo model; the paper's base model with random weights, 
 4. mixed lengths: sources of 5-60 tokens, each decoding 2 x its length + 16 tokens: short (<= 20 source
    tokens) and long (>= 40) sentences' latency, unloaded (1 client) and loaded (32 clients);
 5. overload: twice the largest concurrency against a queue of half of it: 503s, errors, lost requests.
+
+`--scenario mixed` runs only the in-flight batching comparison: a static-batching server and an in-flight one
+(`twostep serve --batching static|inflight`, otherwise alike), one after the other in the same run, `--rounds`
+times alternating. Each gets the same mixed-length workload (sources of 5-60 random ids, each decoding 2 x its
+length + 16 tokens) from 32 closed-loop clients, and, before it, the short sentences (< 10 source tokens) of
+that workload one at a time (their unloaded latency). Reported per mode: the short sentences' p50 latency
+loaded and unloaded and their ratio (target <= 2 in flight), requests/s and generated tokens/s (target: in
+flight >= static), and the mean rows per decoder step (from /metrics).
 
 Base preset requests are 32 random source tokens decoding exactly 32 tokens (suppress_eos), like the offline
 bench; demo requests are test-split sentences decoded to their eos. Server and clients share this machine's
@@ -44,8 +54,9 @@ console = Console(stderr=True)
 TWOSTEP = [sys.executable, "-m", "twostep.cli"]
 
 
-def prepare(work: Path, preset: str) -> Path:
-    art = work / f"{preset}-art"
+def prepare(work: Path, preset: str, inplace: bool = False) -> Path:
+    """The preset's artifact (with the in-place decoder variant: `twostep export --inplace-cache`)."""
+    art = work / f"{preset}-{'inplace' if inplace else 'art'}"
     if (art / "manifest.json").is_file():
         return art
     if preset == "demo":
@@ -54,7 +65,8 @@ def prepare(work: Path, preset: str) -> Path:
         ckpt = work / f"{preset}-ckpt"
         subprocess.run([*TWOSTEP, "init", "--preset", preset, "--vocab", "32000", "--out", str(ckpt), "--force"],
                        check=True, capture_output=True)
-    subprocess.run([*TWOSTEP, "export", str(ckpt), "--out", str(art), "--force"], check=True, capture_output=True)
+    subprocess.run([*TWOSTEP, "export", str(ckpt), "--out", str(art), "--force",
+                    *(["--inplace-cache"] if inplace else [])], check=True, capture_output=True)
     return art
 
 
@@ -123,10 +135,17 @@ class Server:
             raise RuntimeError(f"the server exited ({self.proc.wait()})")
         subprocess.Popen(["cat"], stdin=self.proc.stdout, stdout=subprocess.DEVNULL)  # keep its pipe drained
 
-    def batches(self) -> tuple[float, float]:
+    def counter(self, *names: str) -> tuple[float, ...]:
         families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{self.url}/metrics").text)}
-        value = lambda name: next(s.value for s in families[name].samples if s.name == name + "_total")  # noqa: E731
-        return value("twostep_batches"), value("twostep_batch_sentences")
+        return tuple(next(s.value for s in families[name].samples if s.name == name + "_total") for name in names)
+
+    def batches(self) -> tuple[float, float]:
+        """Batches started and the sentences they started with (not those that joined them later)."""
+        return self.counter("twostep_batches", "twostep_batch_sentences")
+
+    def steps(self) -> tuple[float, float]:
+        """Decoder steps run and the rows of sentences they ran for, summed."""
+        return self.counter("twostep_decoder_steps", "twostep_decoder_step_rows")
 
     def __enter__(self) -> "Server":
         return self
@@ -201,6 +220,66 @@ def run_server_levels(preset: str, art: Path, levels: list[int], n: int, max_wai
     return out
 
 
+SHORT = 10  # a short sentence has fewer source tokens than this
+
+
+def mixed_mode(art: Path, mode: str, bodies: list[dict], clients: int, max_wait_ms: float) -> dict:
+    """One server with --batching `mode`: its short sentences alone (one client), then every body from
+    `clients` closed-loop clients."""
+    short = [b for b in bodies if len(b["ids"][0]) < SHORT]
+    with Server(art, "--batching", mode, "--max-queue", 4096, "--max-batch-rows", 64,
+                "--max-wait-ms", max_wait_ms) as server:
+        asyncio.run(closed_loop(server.url, mixed(16, seed=99), 4))  # warm up
+        alone = asyncio.run(closed_loop(server.url, short, 1))
+        s0 = server.steps()
+        r = asyncio.run(closed_loop(server.url, bodies, clients))
+        s1 = server.steps()
+    if r["ok"] != len(bodies):
+        raise RuntimeError(f"{mode}: {r['ok']} of {len(bodies)} requests answered ({r})")
+    unloaded = float(np.median([lat for lat, _ in alone["latencies"]])) * 1000
+    loaded = float(np.median([lat for lat, b in r["latencies"] if len(b["ids"][0]) < SHORT])) * 1000
+    return {"short_unloaded_p50_ms": unloaded, "short_loaded_p50_ms": loaded, "short_ratio": loaded / unloaded,
+            "short_n": len(short), "all_p50_ms": float(np.median([lat for lat, _ in r["latencies"]])) * 1000,
+            "requests_per_s": r["ok"] / r["wall"], "tokens_per_s": r["tokens"] / r["wall"],
+            "rows_per_step": (s1[1] - s0[1]) / max(s1[0] - s0[0], 1), "steps": s1[0] - s0[0]}
+
+
+def mixed_scenario(art: Path, n: int, rounds: int, clients: int, max_wait_ms: float, preset: str) -> dict:
+    """Static and in-flight batching side by side: `rounds` alternating runs of each on the same workload;
+    per mode the median of each number over its rounds."""
+    bodies = mixed(n, seed=5)
+    runs: dict[str, list[dict]] = {"static": [], "inflight": []}
+    for i in range(rounds):
+        for mode in (("static", "inflight") if i % 2 == 0 else ("inflight", "static")):
+            runs[mode].append(mixed_mode(art, mode, bodies, clients, max_wait_ms))
+            console.print(f"{preset} mixed {mode} round {i + 1}: {runs[mode][-1]}")
+    out = {mode: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for mode, rs in runs.items()}
+    out["clients"], out["requests"], out["rounds"] = clients, n, rounds
+    out["throughput_ratio"] = out["inflight"]["tokens_per_s"] / out["static"]["tokens_per_s"]
+    return out
+
+
+def mixed_markdown(report: dict) -> str:
+    lines = []
+    for preset, r in report.items():
+        if preset == "machine":
+            continue
+        m = r["mixed_scenario"]
+        lines += [f"#### {preset}: {m['requests']:.0f} requests, {m['clients']:.0f} clients, median of "
+                  f"{m['rounds']:.0f} rounds", "",
+                  "| batching | short p50 alone ms | short p50 loaded ms | ratio | requests/s | tokens/s | "
+                  "rows per step | all p50 ms |", "|---|---|---|---|---|---|---|---|"]
+        for mode in ("static", "inflight"):
+            x = m[mode]
+            lines.append(f"| {mode} | {x['short_unloaded_p50_ms']:.1f} | {x['short_loaded_p50_ms']:.1f} | "
+                         f"{x['short_ratio']:.2f} | {x['requests_per_s']:.1f} | {x['tokens_per_s']:.0f} | "
+                         f"{x['rows_per_step']:.1f} | {x['all_p50_ms']:.0f} |")
+        lines += ["", f"In-flight throughput / static: {m['throughput_ratio']:.2f}x; short sentences "
+                      f"(n={m['inflight']['short_n']:.0f}) loaded / alone: {m['inflight']['short_ratio']:.2f}x in flight, "
+                      f"{m['static']['short_ratio']:.2f}x static.", ""]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/twostep-serve-load"))
@@ -210,10 +289,28 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="The server's --max-wait-ms.")
     parser.add_argument("--skip-baselines", action="store_true", help="Only the server (no offline bench, no API).")
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--scenario", choices=("all", "mixed"), default="all",
+                        help="mixed: only static vs in-flight batching on mixed lengths.")
+    parser.add_argument("--mixed-requests", type=int, default=256, help="--scenario mixed: requests per run.")
+    parser.add_argument("--rounds", type=int, default=2, help="--scenario mixed: runs of each mode, alternating.")
+    parser.add_argument("--decoders", default="plain", help="--scenario mixed: plain, inplace (the in-place "
+                        "GroupQueryAttention variant, `export --inplace-cache`) or both: plain,inplace.")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     levels = [int(x) for x in args.concurrency.split(",")]
     report = {"machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}"}
+    if args.scenario == "mixed":
+        for preset in args.presets.split(","):
+            for decoder in args.decoders.split(","):
+                art = prepare(args.work, preset, inplace=decoder == "inplace")
+                name = preset if decoder == "plain" else f"{preset}, in-place decoder"
+                report[name] = {"mixed_scenario": mixed_scenario(art, args.mixed_requests, args.rounds, 32,
+                                                                  args.max_wait_ms, name)}
+        print(json.dumps(report, indent=1))
+        if args.markdown:
+            args.markdown.write_text(mixed_markdown(report))
+        console.print(mixed_markdown(report))
+        return
     for preset in args.presets.split(","):
         art = prepare(args.work, preset)
         offline = offline_bench(art) if preset == "base" and not args.skip_baselines else None
