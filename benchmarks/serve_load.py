@@ -2,8 +2,8 @@
 
     python -m benchmarks.serve_load [--work DIR] [--presets demo,base] [--concurrency 1,8,32,64]
                                     [--requests 96] [--markdown FILE]
-    python -m benchmarks.serve_load --scenario mixed [--presets demo,base] [--mixed-requests 256]
-                                    [--rounds 2] [--markdown FILE]
+    python -m benchmarks.serve_load --scenario mixed [--presets demo,base] [--decoders plain,inplace]
+                                    [--mixed-requests 256] [--rounds 2] [--backend ort-cuda] [--markdown FILE]
 
 Per preset (the bundled demo model; the paper's base model with random weights, vocab 32000):
 1. offline: `twostep bench` at batch 32 (the throughput the server should approach);
@@ -223,12 +223,13 @@ def run_server_levels(preset: str, art: Path, levels: list[int], n: int, max_wai
 SHORT = 10  # a short sentence has fewer source tokens than this
 
 
-def mixed_mode(art: Path, mode: str, bodies: list[dict], clients: int, max_wait_ms: float) -> dict:
+def mixed_mode(art: Path, mode: str, bodies: list[dict], clients: int, max_wait_ms: float,
+               backend: str | None = None) -> dict:
     """One server with --batching `mode`: its short sentences alone (one client), then every body from
     `clients` closed-loop clients."""
     short = [b for b in bodies if len(b["ids"][0]) < SHORT]
     with Server(art, "--batching", mode, "--max-queue", 4096, "--max-batch-rows", 64,
-                "--max-wait-ms", max_wait_ms) as server:
+                "--max-wait-ms", max_wait_ms, *(["--backend", backend] if backend else [])) as server:
         asyncio.run(closed_loop(server.url, mixed(16, seed=99), 4))  # warm up
         alone = asyncio.run(closed_loop(server.url, short, 1))
         s0 = server.steps()
@@ -244,14 +245,15 @@ def mixed_mode(art: Path, mode: str, bodies: list[dict], clients: int, max_wait_
             "rows_per_step": (s1[1] - s0[1]) / max(s1[0] - s0[0], 1), "steps": s1[0] - s0[0]}
 
 
-def mixed_scenario(art: Path, n: int, rounds: int, clients: int, max_wait_ms: float, preset: str) -> dict:
+def mixed_scenario(art: Path, n: int, rounds: int, clients: int, max_wait_ms: float, preset: str,
+                   backend: str | None = None) -> dict:
     """Static and in-flight batching side by side: `rounds` alternating runs of each on the same workload;
     per mode the median of each number over its rounds."""
     bodies = mixed(n, seed=5)
     runs: dict[str, list[dict]] = {"static": [], "inflight": []}
     for i in range(rounds):
         for mode in (("static", "inflight") if i % 2 == 0 else ("inflight", "static")):
-            runs[mode].append(mixed_mode(art, mode, bodies, clients, max_wait_ms))
+            runs[mode].append(mixed_mode(art, mode, bodies, clients, max_wait_ms, backend))
             console.print(f"{preset} mixed {mode} round {i + 1}: {runs[mode][-1]}")
     out = {mode: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for mode, rs in runs.items()}
     out["clients"], out["requests"], out["rounds"] = clients, n, rounds
@@ -293,6 +295,7 @@ def main() -> None:
                         help="mixed: only static vs in-flight batching on mixed lengths.")
     parser.add_argument("--mixed-requests", type=int, default=256, help="--scenario mixed: requests per run.")
     parser.add_argument("--rounds", type=int, default=2, help="--scenario mixed: runs of each mode, alternating.")
+    parser.add_argument("--backend", help="--scenario mixed: the server's --backend (default ort-cpu), e.g. ort-cuda.")
     parser.add_argument("--decoders", default="plain", help="--scenario mixed: plain, inplace (the in-place "
                         "GroupQueryAttention variant, `export --inplace-cache`) or both: plain,inplace.")
     args = parser.parse_args()
@@ -305,7 +308,7 @@ def main() -> None:
                 art = prepare(args.work, preset, inplace=decoder == "inplace")
                 name = preset if decoder == "plain" else f"{preset}, in-place decoder"
                 report[name] = {"mixed_scenario": mixed_scenario(art, args.mixed_requests, args.rounds, 32,
-                                                                  args.max_wait_ms, name)}
+                                                                  args.max_wait_ms, name, args.backend)}
         print(json.dumps(report, indent=1))
         if args.markdown:
             args.markdown.write_text(mixed_markdown(report))

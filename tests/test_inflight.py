@@ -138,6 +138,36 @@ def test_sentences_joining_a_running_batch_decode_as_eager_pytorch_does(demo, de
     assert scores(got) == pytest.approx(scores(want), abs=1e-4)
 
 
+@pytest.fixture(scope="module", params=["ort-cuda", "torch-cuda"])
+def gpu_backend(request) -> str:
+    """Skipped (before the eager reference is computed) where the backend cannot run."""
+    from twostep.runtime import backends
+
+    reason = (backends.unavailable_reason("torch", device="cuda") if request.param == "torch-cuda"
+              else backends.unavailable_reason(request.param))
+    if reason:
+        pytest.skip(f"{request.param} unavailable here: {reason}")
+    return request.param
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", OPTIONS)
+def test_sentences_joining_a_running_batch_on_a_gpu_decode_as_eager_pytorch_does(gpu_backend, demo, eager_static,
+                                                                                name):
+    """The device paths (rows moved by ONNX Runtime graphs or torch on the GPU): scripts/gpu-check runs it."""
+    from twostep.runtime import backends
+
+    art, sources, specials, model = demo
+    opened = (TorchBackend(model, device="cuda") if gpu_backend == "torch-cuda"
+              else backends.create(gpu_backend, artifact=art))
+    with opened as be:
+        spy = Spy(be.session())
+        got = drive(spy, sources, OPTIONS[name], specials)
+    assert spy.reused > 0 and spy.compactions > 0
+    assert tokens(got) == tokens(eager_static[name])
+    assert scores(got) == pytest.approx(scores(eager_static[name]), abs=1e-3)
+
+
 def test_limits_and_options_per_sentence_in_one_running_batch(demo, eager_static):
     """Greedy and beam sentences in one batch, each joining at a different step, each with its own limit."""
     art, sources, specials, model = demo
