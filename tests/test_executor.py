@@ -287,3 +287,27 @@ def test_a_session_busy_in_another_thread_stops_the_worker_and_refuses_instead_o
     assert not ex.worker.is_alive()
     with pytest.raises(Overloaded, match="shutting down"):
         ex.submit_ids([[5, 3]])
+
+
+def test_a_sentence_the_session_refuses_fails_alone_not_those_joining_with_it(demo, sentences):
+    """A session may refuse a source when it joins (an engine profile's longest source): the sentences that
+    would have joined in the same encoder run are admitted one by one, and only the refused one fails."""
+    ex, session, _ = make(demo, max_wait_ms=300)
+
+    def refusing(method):
+        def call(input_ids, *args):
+            if input_ids.shape[1] > 40:
+                raise BadInput("this engine profile takes sources of at most 40 tokens")
+            return method(input_ids, *args)
+        return call
+
+    session.start, session.admit = refusing(session.start), refusing(session.admit)
+    good = ex.encode(sentences[:3])
+    with ex:
+        futures = [ex.submit_ids([ids]) for ids in good[:2]] + [ex.submit_ids([[5] * 45 + [3]])] + \
+                  [ex.submit_ids([good[2]])]
+        outcomes = [f.exception(30) or f.result(30) for f in futures]
+    assert isinstance(outcomes[2], BadInput) and "at most 40 tokens" in str(outcomes[2])
+    want = sequential(demo, [[s] for s in sentences[:3]], DecodeOptions())
+    assert [ex.tokenizer.decode(o[0][0].tokens) for i, o in enumerate(outcomes) if i != 2] == [
+        w[0][0][0] for w in want]

@@ -244,8 +244,12 @@ class BatchingTranslator(Translator):
         running = batch.sentences
         try:
             self.answer_all(batch.add([Entry(x.ids, x.request.key, x.limit, x) for x in joining]))
-        except TwostepError as exc:  # refused before the batch changed (an engine profile's limit): those alone fail
-            self.fail(joining, exc)
+        except TwostepError as exc:  # refused before the batch changed (an engine profile's limit)
+            if len(joining) == 1:
+                self.fail(joining, exc)
+            else:  # one at a time: only the sentence the session refuses fails
+                for x in joining:
+                    self.join(batch, [x])
             return
         rows = sum(x.rows for x in joining)
         (self.metrics.joined if running else self.metrics.batch)(len(joining), rows)
