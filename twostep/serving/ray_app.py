@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from twostep.errors import BackendUnavailable
+from twostep.serving.executor import BatchLimits
 from twostep.serving.http import ServeConfig, build_app
 
 
@@ -41,11 +42,13 @@ def deployment(config: ServeConfig, replicas: int = 1, num_cpus: float = 1.0,
 
 def app_builder(args: dict[str, str]):
     """For `serve run twostep.serving.ray_app:app_builder model_dir=... [key=value ...]`."""
-    known = {"model_dir", "backend", "threads", "replicas", "num_cpus"}
+    known = {"model_dir", "backend", "threads", "replicas", "num_cpus", "batching"}
     unknown = set(args) - known
-    if unknown or "model_dir" not in args:
-        raise ValueError(f"arguments: model_dir=ART and optionally {sorted(known - {'model_dir'})}; got {args}")
-    config = ServeConfig(args["model_dir"], args.get("backend"), int(args["threads"]) if "threads" in args else None)
+    if unknown or "model_dir" not in args or args.get("batching", "static") not in ("static", "inflight"):
+        raise ValueError(f"arguments: model_dir=ART and optionally {sorted(known - {'model_dir'})} "
+                         f"(batching=static or inflight); got {args}")
+    config = ServeConfig(args["model_dir"], args.get("backend"), int(args["threads"]) if "threads" in args else None,
+                         BatchLimits(inflight=args.get("batching") == "inflight"))
     return deployment(config, replicas=int(args.get("replicas", 1)), num_cpus=float(args.get("num_cpus", 1)))
 
 
