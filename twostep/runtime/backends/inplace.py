@@ -38,6 +38,7 @@ class InplaceSession:
         self.cache: dict[str, np.ndarray] = {}
         self.logits = None
         self.binding = None  # bound to mask, cross K/V, cache and logits; None once one of them is a new array
+        self.bound_tensors: list = []  # the mask and cross K/V arrays it is bound to (rows.fit may replace them)
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict:
         enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
@@ -80,7 +81,9 @@ class InplaceSession:
     def bound(self):
         """The binding of everything but token ids and lengths (OrtValues over the arrays, no copies), made
         again after an array was replaced."""
-        if self.binding is None:
+        tensors = list(self.rows.tensors.values())
+        if self.binding is None or any(a is not b for a, b in zip(tensors, self.bound_tensors)):
+            self.bound_tensors = tensors
             over = self.ort.OrtValue.ortvalue_from_numpy
             binding = self.session.io_binding()
             for name, array in self.rows.tensors.items():
