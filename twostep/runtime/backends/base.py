@@ -114,13 +114,10 @@ class HostSession:
         self.decoder = backend.graphs["decoder"]
         self.rows = DecoderRows(NumpyOps(), "encoder_attention_mask", [t.name for t in self.decoder.past_cross],
                                 [t.name for t in self.decoder.past_self])
+        self.presents = {t.name: present_name(t.name) for t in self.decoder.past_self}  # each step's new past
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Feeds:
-        """The mask and cross K/V of a batch of sources (copies the session may write into)."""
-        enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
-        out = {"encoder_attention_mask": np.array(attention_mask)}
-        out.update({t.name: enc[present_name(t.name)] for t in self.decoder.past_cross})
-        return out
+        return encode_sources(self.backend, self.decoder, input_ids, attention_mask)
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
         tensors = self.encode(input_ids, attention_mask)
@@ -140,11 +137,20 @@ class HostSession:
         rows = self.rows
         check_positions(self.backend.config, rows.longest + input_ids.shape[1])
         out = self.backend._run("decoder", {"input_ids": input_ids, "past_lengths": rows.lengths, **rows.tensors})
-        rows.advance({t.name: out[present_name(t.name)] for t in self.decoder.past_self}, input_ids.shape[1])
+        rows.advance({past: out[present] for past, present in self.presents.items()}, input_ids.shape[1])
         return np.asarray(out["logits"][:, -1], dtype=np.float32)
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         self.rows.reorder(origin, cache_only)
+
+
+def encode_sources(backend: Backend, decoder, input_ids: np.ndarray, attention_mask: np.ndarray) -> Feeds:
+    """The mask and cross K/V that `decoder` (a graph spec) takes for a batch of sources, from the backend's
+    encoder: host arrays the session may write into."""
+    enc = backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
+    out = {"encoder_attention_mask": np.array(attention_mask)}
+    out.update({t.name: enc[present_name(t.name)] for t in decoder.past_cross})
+    return out
 
 
 def check_positions(config: ModelConfig, positions: int) -> None:

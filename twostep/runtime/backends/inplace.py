@@ -17,7 +17,7 @@ import numpy as np
 
 from twostep.errors import BadInput
 from twostep.exporter.spec import INPLACE, present_name
-from twostep.runtime.backends.base import NUMPY_DTYPES, check_positions
+from twostep.runtime.backends.base import NUMPY_DTYPES, check_positions, encode_sources
 from twostep.runtime.backends.rows import DecoderRows, NumpyOps
 
 FIRST_CAPACITY = 32
@@ -41,10 +41,7 @@ class InplaceSession:
         self.bound_tensors: list = []  # the mask and cross K/V arrays it is bound to (rows.fit may replace them)
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict:
-        enc = self.backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
-        out = {"encoder_attention_mask": np.array(attention_mask)}
-        out.update({t.name: enc[present_name(t.name)] for t in self.spec.past_cross})
-        return out
+        return encode_sources(self.backend, self.spec, input_ids, attention_mask)
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
         self.rows.start(self.encode(input_ids, attention_mask), attention_mask.sum(1))
