@@ -99,3 +99,10 @@ def test_train_runs_end_to_end(tmp_path):
     assert training["steps"] == 4 and training["command"].startswith("twostep train")
     assert ckpt.tokenizer_path is not None and ckpt.task == "numbers-en-de"
     assert not (tmp_path / "ck.train").exists()  # the resumable state is removed once training finished
+
+
+def test_help_shows_extras_in_brackets():
+    """rich reads [name] as markup: an unescaped 'twostep[ray]' printed as 'twostep'."""
+    result = twostep("serve", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "twostep[ray]" in result.stdout

@@ -103,7 +103,7 @@ def translate(
     temperature: float = typer.Option(1.0), top_k: int = typer.Option(0, min=0), top_p: float = typer.Option(1.0),
     seed: Optional[int] = typer.Option(None),
     max_new_tokens: Optional[int] = typer.Option(None, min=1),
-    threads: Optional[int] = typer.Option(None, min=1),
+    threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads (default: the library's)."),
     device: str = typer.Option("cpu", help="torch backend only: cpu or cuda."),
     ids: bool = typer.Option(False, "--ids", help="Input and output are token ids separated by spaces."),
     as_json: bool = typer.Option(False, "--json"),
@@ -335,8 +335,8 @@ def serve_cmd(
     batching: str = typer.Option("static", help="static: sentences that arrive while a batch runs wait until it "
                                  "ends; inflight: they join it at its next step (see the README)."),
     max_sentences: int = typer.Option(64, min=1, help="Sentences per request; beyond it 413."),
-    threads: Optional[int] = typer.Option(None, min=1),
-    ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep[ray]')."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads of the model (default: the library's)."),
+    ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep\\[ray]')."),
     address: Optional[str] = typer.Option(None, help="--ray: join this Ray cluster (ray start --head) instead "
                                           "of starting a local one."),
     replicas: int = typer.Option(1, min=1, help="--ray: replicas, each with its own model and batcher."),
