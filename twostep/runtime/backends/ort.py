@@ -99,8 +99,14 @@ class OrtBackend(Backend):
     def open_session(self, graph: str) -> None:
         ort = import_ort()
         path = self.artifact.graph_file(graph)
+        options = self.session_options()
+        if graph == "encoder":
+            # The encoder runs once a batch (or a join); its pool threads spinning after it for work that
+            # comes only then took the cores from the decoder's steps (docs/benchmarks.md, "Threads"). The
+            # decoder's threads, busy step after step, keep spinning: without it a step waits to wake them.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            self.sessions[graph] = ort.InferenceSession(str(path), self.session_options(),
+            self.sessions[graph] = ort.InferenceSession(str(path), options,
                                                         providers=self.provider_list(graph))
         except Exception as exc:  # onnxruntime raises its own exception types for unreadable models
             raise BadArtifact(f"{path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0][:300]}") from None
