@@ -98,8 +98,8 @@ def op_profile(artifact, args, decoder: str) -> str:
     """ONNX Runtime's profiler over `--ops` decoder steps at batch x beam rows, past up to --ops."""
     with tempfile.TemporaryDirectory() as tmp:
         class Profiled(OrtBackend):
-            def session_options(self):
-                options = super().session_options()
+            def session_options(self, graph=None):
+                options = super().session_options(graph)
                 options.enable_profiling, options.profile_file_prefix = True, f"{tmp}/ort"
                 return options
 

@@ -84,3 +84,19 @@ def test_io_binding_session_decodes_like_the_host_session(demo_artifact):
         a = decoding.beam_search(bound, sources, beam_size=4, n_best=2, **common)
         b = decoding.beam_search(host, sources, beam_size=4, n_best=2, **common)
     assert [[h.tokens for h in x] for x in a] == [[h.tokens for h in x] for x in b]
+
+
+def test_only_the_encoder_session_sleeps_between_runs(tiny_artifact):
+    """The encoder's idle pool threads spinning took the cores from the decoder's steps (docs/benchmarks.md,
+    "In-flight vs static batching"); the decoder's keep spinning between its back-to-back steps."""
+    from twostep.runtime.backends.ort import OrtBackend
+
+    def allow_spinning(session) -> str:
+        try:
+            return session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        except RuntimeError:  # not set: ONNX Runtime's default, which spins
+            return "1"
+
+    with OrtBackend(load_artifact(tiny_artifact[0]), threads=2) as backend:
+        spinning = {graph: allow_spinning(session) for graph, session in backend.sessions.items()}
+    assert spinning == {"encoder": "0", "decoder": "1"}, spinning

@@ -44,6 +44,7 @@ class OrtBackend(Backend):
     name = "ort-cpu"
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     runs_inplace = True  # the in-place decoder's kernel is ONNX Runtime's CPU one
+    encoder_spins = False  # the encoder's idle pool threads sleep (session_options)
 
     def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all",
                  kv_cache: str = "auto"):
@@ -76,7 +77,7 @@ class OrtBackend(Backend):
             return reason
         return None
 
-    def session_options(self):
+    def session_options(self, graph: str | None = None):
         ort = import_ort()
         options = ort.SessionOptions()
         levels = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
@@ -88,6 +89,12 @@ class OrtBackend(Backend):
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1
         options.log_severity_level = 3
+        if graph == "encoder" and not self.encoder_spins:
+            # The encoder runs once a batch (or a join); its pool threads spinning after it, for work that
+            # comes only then, took the cores from the decoder's steps: in-flight decoding ran 1.3-1.7x
+            # slower on 2 cores (docs/benchmarks.md, "In-flight vs static batching"). The decoder's threads,
+            # busy step after step, keep spinning: without it each step waits for them to wake.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return options
 
     def _load(self) -> None:
@@ -99,14 +106,8 @@ class OrtBackend(Backend):
     def open_session(self, graph: str) -> None:
         ort = import_ort()
         path = self.artifact.graph_file(graph)
-        options = self.session_options()
-        if graph == "encoder":
-            # The encoder runs once a batch (or a join); its pool threads spinning after it for work that
-            # comes only then took the cores from the decoder's steps (docs/benchmarks.md, "Threads"). The
-            # decoder's threads, busy step after step, keep spinning: without it a step waits to wake them.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            self.sessions[graph] = ort.InferenceSession(str(path), options,
+            self.sessions[graph] = ort.InferenceSession(str(path), self.session_options(graph),
                                                         providers=self.provider_list(graph))
         except Exception as exc:  # onnxruntime raises its own exception types for unreadable models
             raise BadArtifact(f"{path}: ONNX Runtime cannot load it: {str(exc).splitlines()[0][:300]}") from None
