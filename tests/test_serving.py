@@ -161,17 +161,18 @@ def test_overload_is_503_with_retry_after_and_nothing_is_lost(demo_artifact, sen
 
 
 def sentences_received(url) -> float:
-    """Sentences the server has taken in: those waiting plus those put into batches (a sentence leaves the queue
-    before its batch is counted, so this never counts one twice)."""
+    """Sentences the server has taken in: those waiting plus those that started a batch or joined one (a
+    sentence leaves the queue before it is counted there, so this never counts one twice)."""
     text = httpx.get(f"{url}/metrics").text
     values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-    return values["twostep_queue_depth"] + values["twostep_batch_sentences_total"]
+    return (values["twostep_queue_depth"] + values["twostep_batch_sentences_total"]
+            + values["twostep_joined_sentences_total"])
 
 
 def test_sigterm_answers_requests_in_flight_then_exits(demo_artifact, sentences):
     long = sorted(sentences, key=len)[-8:]
     with server(demo_artifact, "--max-batch-rows", 4) as (url, proc):
-        with ThreadPoolExecutor(max_workers=16) as pool:  # 16 x 8 sentences x 4 beams, one sentence a batch
+        with ThreadPoolExecutor(max_workers=16) as pool:  # 16 x 8 sentences x 4 beams, one sentence at a time
             futures = [pool.submit(post, url, {"text": long, "beam": 4}) for _ in range(16)]
             # every request must be inside the server before the signal: uvicorn closes its socket on SIGTERM,
             # so a client still connecting then is refused, which is not what this test is about

@@ -332,8 +332,8 @@ def serve_cmd(
     max_batch_rows: int = typer.Option(64, min=1, help="... and at most this many rows (sentences x beam)."),
     max_wait_ms: float = typer.Option(5.0, min=0, help="How long a batch waits to fill after its first sentence."),
     max_queue: int = typer.Option(1024, min=1, help="Sentences that may wait; beyond it requests get 503."),
-    batching: str = typer.Option("static", help="static: sentences that arrive while a batch runs wait until it "
-                                 "ends; inflight: they join it at its next step (see the README)."),
+    batching: str = typer.Option("inflight", help="inflight: sentences that arrive while a batch runs join it at "
+                                 "its next step; static: they wait until it ends (see the README)."),
     max_sentences: int = typer.Option(64, min=1, help="Sentences per request; beyond it 413."),
     threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads of the model (default: the library's)."),
     ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep\\[ray]')."),

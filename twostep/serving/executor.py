@@ -4,12 +4,12 @@ Threads call `translate(...)` (or coroutines `await translate_async(...)`) on on
 Each request's sentences are checked in the caller's thread (a bad request fails alone, before it is queued),
 then wait in one bounded queue. A worker thread decodes them in one running batch (decoding.RunningBatch):
 
-- In-flight batching (`inflight=True`): at every step boundary, the sentences waiting in the queue join the
+- In-flight batching (the default): at every step boundary, the sentences waiting in the queue join the
   running batch, in arrival order, as long as it holds at most `max_batch_tokens` source tokens x beam and
   `max_batch_rows` rows. Their encoder runs for them alone; they take the rows that finished sentences freed
   (or new rows) with an empty history and decode next to sentences that are further on. A sentence that
   arrives while a batch decodes waits at most one decoder step, not for the batch to end.
-- Static batching (the default): a batch takes what fits and runs until its last sentence is done;
+- Static batching (`inflight=False`): a batch takes what fits and runs until its last sentence is done;
   sentences that arrive meanwhile wait for the next batch.
 
 Either way a batch starts once its first sentence has waited `max_wait_ms` after it came or after the worker
@@ -52,13 +52,13 @@ class BatchLimits:
     """How the executor batches: a batch holds at most max_batch_tokens (source tokens x beam) and
     max_batch_rows (sentences x beam); it starts once its first sentence has waited max_wait_ms (or is
     full); at most max_queue sentences wait. `inflight`: waiting sentences join the running batch at the next
-    step (default False: they wait for it to end; see docs/benchmarks.md for when each wins)."""
+    step (False: they wait for it to end; docs/benchmarks.md measures both)."""
 
     max_batch_tokens: int = 4096
     max_batch_rows: int = 64
     max_wait_ms: float = 5.0
     max_queue: int = 1024
-    inflight: bool = False
+    inflight: bool = True
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be positive, got {getattr(self, name)!r}"

@@ -44,11 +44,11 @@ def app_builder(args: dict[str, str]):
     """For `serve run twostep.serving.ray_app:app_builder model_dir=... [key=value ...]`."""
     known = {"model_dir", "backend", "threads", "replicas", "num_cpus", "batching"}
     unknown = set(args) - known
-    if unknown or "model_dir" not in args or args.get("batching", "static") not in ("static", "inflight"):
+    if unknown or "model_dir" not in args or args.get("batching", "inflight") not in ("static", "inflight"):
         raise ValueError(f"arguments: model_dir=ART and optionally {sorted(known - {'model_dir'})} "
-                         f"(batching=static or inflight); got {args}")
+                         f"(batching=inflight, the default, or static); got {args}")
     config = ServeConfig(args["model_dir"], args.get("backend"), int(args["threads"]) if "threads" in args else None,
-                         BatchLimits(inflight=args.get("batching") == "inflight"))
+                         BatchLimits(inflight=args.get("batching", "inflight") == "inflight"))
     return deployment(config, replicas=int(args.get("replicas", 1)), num_cpus=float(args.get("num_cpus", 1)))
 
 
