@@ -91,7 +91,7 @@ class OrtBackend(Backend):
         options.log_severity_level = 3
         if graph == "encoder" and not self.encoder_spins:
             # The encoder runs once a batch (or a join); its pool threads spinning after it, for work that
-            # comes only then, took the cores from the decoder's steps: in-flight decoding ran 1.3-1.7x
+            # comes only then, took the cores from the decoder's steps: in-flight decoding ran 1.5-1.9x
             # slower on 2 cores (docs/benchmarks.md, "In-flight vs static batching"). The decoder's threads,
             # busy step after step, keep spinning: without it each step waits for them to wake.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
