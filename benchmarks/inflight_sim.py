@@ -25,19 +25,19 @@ from benchmarks.serve_load import mixed
 from twostep.artifact import load_artifact
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.decoding import DecodeOptions, Entry, RunningBatch
-from twostep.runtime.translator import Specials
+from twostep.runtime.translator import Specials, Translator
 
 
 def run(session, specials: Specials, sources: list[list[int]], slots: int, inflight: bool) -> dict:
     options = DecodeOptions(suppress_eos=True)
-    limit = lambda source: min(2 * len(source) + 16, specials.max_positions)  # noqa: E731
+    limit = Translator(session, specials).max_new_tokens  # each sentence's own: 2 x its length + 16, capped
     batch = RunningBatch(session, bos_id=specials.bos_id, eos_id=specials.eos_id, pad_id=specials.pad_id)
     queue, steps, rows, widths, tokens = list(sources), 0, 0, 0, 0
     started = time.perf_counter()
     while queue or batch.sentences:
         if queue and (inflight or not batch.sentences):
             n = min(slots - batch.sentences, len(queue))
-            batch.add([Entry(s, options, limit(s), None) for s in queue[:n]])
+            batch.add([Entry(s, options, limit([s]), None) for s in queue[:n]])
             queue = queue[n:]
         steps, rows = steps + 1, rows + batch.live_rows
         widths += getattr(session, "capacity", None) or session.rows.past_len

@@ -344,17 +344,17 @@ def serve_cmd(
     num_cpus: float = typer.Option(1.0, min=0, help="--ray: CPUs each replica reserves."),
 ) -> None:
     """Serve translations over HTTP: POST /v1/translate, /healthz, /readyz, /metrics (Prometheus)."""
-    from twostep.serving.executor import BatchLimits
+    from twostep.serving.executor import BATCHING, BatchLimits
 
     try:
         from twostep.serving.http import ServeConfig
     except ImportError as exc:
         raise TwostepError(f"serving needs its extra: pip install 'twostep[serve]' ({exc})") from None
-    if batching not in ("inflight", "static"):
-        raise TwostepError(f"--batching takes inflight or static, got {batching!r}")
+    if batching not in BATCHING:
+        raise TwostepError(f"--batching takes {' or '.join(BATCHING)}, got {batching!r}")
     check_servable(model_dir, backend)
     limits = BatchLimits(max_batch_tokens=max_batch_tokens, max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms,
-                         max_queue=max_queue, inflight=batching == "inflight")
+                         max_queue=max_queue, inflight=BATCHING[batching])
     config = ServeConfig(str(model_dir.resolve()), backend, threads, limits, max_sentences=max_sentences)
     if not ray:
         from twostep.serving.http import serve

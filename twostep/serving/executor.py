@@ -47,6 +47,9 @@ from twostep.runtime.translator import Specials, Translator
 log = logging.getLogger("twostep.serving")
 
 
+BATCHING = {"inflight": True, "static": False}  # `--batching` (serve) and `batching=` (Ray): BatchLimits.inflight
+
+
 @dataclass(frozen=True)
 class BatchLimits:
     """How the executor batches: a batch holds at most max_batch_tokens (source tokens x beam) and

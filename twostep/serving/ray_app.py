@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from twostep.errors import BackendUnavailable
-from twostep.serving.executor import BatchLimits
+from twostep.serving.executor import BATCHING, BatchLimits
 from twostep.serving.http import ServeConfig, build_app
 
 
@@ -44,11 +44,12 @@ def app_builder(args: dict[str, str]):
     """For `serve run twostep.serving.ray_app:app_builder model_dir=... [key=value ...]`."""
     known = {"model_dir", "backend", "threads", "replicas", "num_cpus", "batching"}
     unknown = set(args) - known
-    if unknown or "model_dir" not in args or args.get("batching", "inflight") not in ("static", "inflight"):
+    batching = args.get("batching", "inflight")
+    if unknown or "model_dir" not in args or batching not in BATCHING:
         raise ValueError(f"arguments: model_dir=ART and optionally {sorted(known - {'model_dir'})} "
                          f"(batching=inflight, the default, or static); got {args}")
     config = ServeConfig(args["model_dir"], args.get("backend"), int(args["threads"]) if "threads" in args else None,
-                         BatchLimits(inflight=args.get("batching", "inflight") == "inflight"))
+                         BatchLimits(inflight=BATCHING[batching]))
     return deployment(config, replicas=int(args.get("replicas", 1)), num_cpus=float(args.get("num_cpus", 1)))
 
 
