@@ -223,12 +223,19 @@ def run_server_levels(preset: str, art: Path, levels: list[int], n: int, max_wai
 SHORT = 10  # a short sentence has fewer source tokens than this
 
 
+def mode_args(mode: str, express_tokens: int) -> list:
+    """The server's batching flags of a mode: static, inflight, or express (in flight with an express lane)."""
+    if mode == "express":
+        return ["--batching", "inflight", "--express-tokens", express_tokens]
+    return ["--batching", mode]
+
+
 def mixed_mode(art: Path, mode: str, bodies: list[dict], clients: int, max_wait_ms: float,
-               backend: str | None = None) -> dict:
-    """One server with --batching `mode`: its short sentences alone (one client), then every body from
+               backend: str | None = None, express_tokens: int = 16) -> dict:
+    """One server batching as `mode` says: its short sentences alone (one client), then every body from
     `clients` closed-loop clients."""
     short = [b for b in bodies if len(b["ids"][0]) < SHORT]
-    with Server(art, "--batching", mode, "--max-queue", 4096, "--max-batch-rows", 64,
+    with Server(art, *mode_args(mode, express_tokens), "--max-queue", 4096, "--max-batch-rows", 64,
                 "--max-wait-ms", max_wait_ms, *(["--backend", backend] if backend else [])) as server:
         asyncio.run(closed_loop(server.url, mixed(16, seed=99), 4))  # warm up
         alone = asyncio.run(closed_loop(server.url, short, 1))
@@ -246,19 +253,24 @@ def mixed_mode(art: Path, mode: str, bodies: list[dict], clients: int, max_wait_
 
 
 def mixed_scenario(art: Path, n: int, rounds: int, clients: int, max_wait_ms: float, preset: str,
-                   backend: str | None = None) -> dict:
-    """Static and in-flight batching side by side: `rounds` alternating runs of each on the same workload;
-    per mode the median of each number over its rounds."""
+                   backend: str | None = None, modes: tuple[str, ...] = ("static", "inflight"),
+                   express_tokens: int = 16) -> dict:
+    """The batching modes side by side: `rounds` runs of each on the same workload, the order reversed every
+    other round; per mode the median of each number over its rounds."""
     bodies = mixed(n, seed=5)
-    runs: dict[str, list[dict]] = {"static": [], "inflight": []}
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     for i in range(rounds):
-        for mode in (("static", "inflight") if i % 2 == 0 else ("inflight", "static")):
-            runs[mode].append(mixed_mode(art, mode, bodies, clients, max_wait_ms, backend))
+        for mode in (modes if i % 2 == 0 else modes[::-1]):
+            runs[mode].append(mixed_mode(art, mode, bodies, clients, max_wait_ms, backend, express_tokens))
             console.print(f"{preset} mixed {mode} round {i + 1}: {runs[mode][-1]}")
     out = {mode: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for mode, rs in runs.items()}
-    out["clients"], out["requests"], out["rounds"] = clients, n, rounds
-    out["throughput_ratio"] = out["inflight"]["tokens_per_s"] / out["static"]["tokens_per_s"]
+    out["clients"], out["requests"], out["rounds"], out["express_tokens"] = clients, n, rounds, express_tokens
+    for mode in modes:
+        out[mode]["throughput_ratio"] = out[mode]["tokens_per_s"] / out["static"]["tokens_per_s"]
     return out
+
+
+MODES = {"static": "static", "inflight": "in flight", "express": "in flight + express lane (<= {express_tokens})"}
 
 
 def mixed_markdown(report: dict) -> str:
@@ -271,14 +283,16 @@ def mixed_markdown(report: dict) -> str:
                   f"{m['rounds']:.0f} rounds", "",
                   "| batching | short p50 alone ms | short p50 loaded ms | ratio | requests/s | tokens/s | "
                   "rows per step | all p50 ms |", "|---|---|---|---|---|---|---|---|"]
-        for mode in ("static", "inflight"):
+        modes = [mode for mode in MODES if mode in m]
+        for mode in modes:
             x = m[mode]
-            lines.append(f"| {mode} | {x['short_unloaded_p50_ms']:.1f} | {x['short_loaded_p50_ms']:.1f} | "
+            lines.append(f"| {MODES[mode].format(**m)} | {x['short_unloaded_p50_ms']:.1f} | {x['short_loaded_p50_ms']:.1f} | "
                          f"{x['short_ratio']:.2f} | {x['requests_per_s']:.1f} | {x['tokens_per_s']:.0f} | "
                          f"{x['rows_per_step']:.1f} | {x['all_p50_ms']:.0f} |")
-        lines += ["", f"In-flight throughput / static: {m['throughput_ratio']:.2f}x; short sentences "
-                      f"(n={m['inflight']['short_n']:.0f}) loaded / alone: {m['inflight']['short_ratio']:.2f}x in flight, "
-                      f"{m['static']['short_ratio']:.2f}x static.", ""]
+        lines += ["", "Throughput / static: " + ", ".join(f"{MODES[mode].format(**m)} {m[mode]['throughput_ratio']:.2f}x"
+                                                        for mode in modes[1:])
+                  + f". Short sentences (n={m['static']['short_n']:.0f}) loaded / alone: "
+                  + ", ".join(f"{MODES[mode].format(**m)} {m[mode]['short_ratio']:.2f}x" for mode in modes) + ".", ""]
     return "\n".join(lines)
 
 
@@ -296,6 +310,10 @@ def main() -> None:
     parser.add_argument("--mixed-requests", type=int, default=256, help="--scenario mixed: requests per run.")
     parser.add_argument("--rounds", type=int, default=2, help="--scenario mixed: runs of each mode, alternating.")
     parser.add_argument("--backend", help="--scenario mixed: the server's --backend (default ort-cpu), e.g. ort-cuda.")
+    parser.add_argument("--modes", default="static,inflight,express", help="--scenario mixed: the batching modes "
+                        "compared (static first): static, inflight, express (in flight with an express lane).")
+    parser.add_argument("--express-tokens", type=int, default=16, help="--scenario mixed, mode express: the "
+                        "server's --express-tokens.")
     parser.add_argument("--decoders", default="plain", help="--scenario mixed: plain, inplace (the in-place "
                         "GroupQueryAttention variant, `export --inplace-cache`) or both: plain,inplace.")
     args = parser.parse_args()
@@ -308,7 +326,8 @@ def main() -> None:
                 art = prepare(args.work, preset, inplace=decoder == "inplace")
                 name = preset if decoder == "plain" else f"{preset}, in-place decoder"
                 report[name] = {"mixed_scenario": mixed_scenario(art, args.mixed_requests, args.rounds, 32,
-                                                                  args.max_wait_ms, name, args.backend)}
+                                                                  args.max_wait_ms, name, args.backend,
+                                                                  tuple(args.modes.split(",")), args.express_tokens)}
         print(json.dumps(report, indent=1))
         if args.markdown:
             args.markdown.write_text(mixed_markdown(report))

@@ -50,7 +50,7 @@ class Recorder:
 
 class Counting(Metrics):
     def __init__(self):
-        self.batches, self.joins, self.steps, self.tokens = [], [], [], 0
+        self.batches, self.joins, self.steps, self.express_steps, self.tokens = [], [], [], [], 0
 
     def batch(self, sentences, rows):
         self.batches.append((sentences, rows))
@@ -58,8 +58,8 @@ class Counting(Metrics):
     def joined(self, sentences, rows):
         self.joins.append((sentences, rows))
 
-    def step(self, rows):
-        self.steps.append(rows)
+    def step(self, rows, express=False):
+        (self.express_steps if express else self.steps).append(rows)
 
     def generated(self, tokens):
         self.tokens += tokens
@@ -73,12 +73,14 @@ def demo(demo_artifact):
 
 
 def make(demo, **limits) -> tuple[BatchingTranslator, Recorder, Counting]:
-    """An executor over a recording session; in-flight batching (the default) unless the test says otherwise."""
+    """An executor over a recording session (the express lane's, if any, is `session.express`); in-flight
+    batching (the default) unless the test says otherwise."""
     artifact, backend = demo
     session, metrics = Recorder(backend.session()), Counting()
+    session.express = Recorder(backend.session()) if limits.get("express_tokens") else None
     tokenizer = Tokenizer(artifact.tokenizer_path)
     ex = BatchingTranslator(session, Specials.of(artifact.config), tokenizer, limits=BatchLimits(**limits),
-                            metrics=metrics)
+                            metrics=metrics, express_session=session.express)
     return ex, session, metrics
 
 
@@ -104,12 +106,15 @@ def sequential(demo, requests, options) -> list:
 @pytest.mark.parametrize("options", [DecodeOptions(), DecodeOptions(beam_size=4, n_best=2),
                                      DecodeOptions(sampling=True, temperature=0.7, top_k=5, seed=11)],
                          ids=["greedy", "beam4-nbest2", "sampling"])
-def test_concurrent_callers_get_exactly_a_sequential_runs_outputs_in_their_own_order(demo, sentences, options):
+@pytest.mark.parametrize("express_tokens", [0, 11], ids=["one-lane", "express-lane"])
+def test_concurrent_callers_get_exactly_a_sequential_runs_outputs_in_their_own_order(demo, sentences, options,
+                                                                                     express_tokens):
     sizes = [1 + n % 3 for n in range(48)]  # requests of 1, 2 and 3 sentences
     starts = [sum(sizes[:n]) for n in range(len(sizes))]
     requests = [sentences[a : a + size] for a, size in zip(starts, sizes) if a + size <= len(sentences)]
     want = sequential(demo, requests, options)
-    ex, session, metrics = make(demo, max_wait_ms=20)
+    # express lane: sources of at most 11 tokens (half the demo's sentences), at most 8 rows, the rest overflow
+    ex, session, metrics = make(demo, max_wait_ms=20, express_tokens=express_tokens)
     with ex, ThreadPoolExecutor(max_workers=16) as pool:
         got = list(pool.map(lambda texts: ex.translate_nbest(texts, options), requests))
     assert [[[text for text, _ in hyps] for hyps in r] for r in got] == [
@@ -124,6 +129,11 @@ def test_concurrent_callers_get_exactly_a_sequential_runs_outputs_in_their_own_o
     assert sum(s for s, _ in metrics.batches + metrics.joins) == sum(map(len, requests))
     assert metrics.joins, "16 callers, yet no sentence joined a running batch"
     assert metrics.tokens > 0
+    if express_tokens:
+        assert metrics.express_steps and max(metrics.express_steps) <= 8
+        assert len(session.express.rows) == len(metrics.express_steps) and len(session.rows) == len(metrics.steps)
+    else:
+        assert not metrics.express_steps
 
 
 def test_coroutines_share_it_too(demo, sentences):
@@ -240,6 +250,56 @@ def test_batches_respect_the_token_and_row_budgets(demo, sentences):
 def test_bad_limits_are_one_bad_input():
     with pytest.raises(BadInput, match="max_queue must be positive.*max_wait_ms must be 0 or more"):
         BatchLimits(max_queue=0, max_wait_ms=-1)
+    with pytest.raises(BadInput, match="express_tokens must be 0.*express_share must be above 0 and below 1"):
+        BatchLimits(express_tokens=-1, express_share=1.0)
+
+
+def test_an_express_lane_needs_a_session_of_its_own(demo):
+    artifact, backend = demo
+    with pytest.raises(ValueError, match="pass express_session"):
+        BatchingTranslator(backend.session(), Specials.of(artifact.config), limits=BatchLimits(express_tokens=8))
+    static = BatchingTranslator(backend.session(), Specials.of(artifact.config),  # static batching has none
+                                limits=BatchLimits(express_tokens=8, inflight=False))
+    static.close()
+    assert static.express_session is None
+
+
+@pytest.mark.parametrize("share", [0.5, 0.99])
+def test_a_short_sentence_decodes_in_the_express_lane_beside_the_running_batch(demo, test_sentences, share):
+    """A short sentence that arrives while a long one decodes takes the express lane: its steps run for its
+    own row, next to the long one's steps (which go on, with 1 - share of the time), and it is answered as
+    if decoded alone."""
+    ex, session, metrics = make(demo, max_wait_ms=0, express_tokens=11, express_share=share)
+    long = max(test_sentences, key=lambda s: len(ex.encode([s])[0]))
+    short = min(test_sentences, key=len)
+    assert len(ex.encode([long])[0]) > 11 >= len(ex.encode([short])[0])
+    options = DecodeOptions(suppress_eos=True, max_new_tokens=80)
+    order, late, answered = [], [], {}
+    session.express.hook = lambda steps: order.append("express")
+
+    def arrive(steps):  # in the worker, inside the main lane's step 5
+        order.append("main")
+        if steps == 5:
+            late.append(ex.submit_ids(ex.encode([short])))
+            late[0].add_done_callback(lambda _: answered.setdefault("short", len(session.rows)))
+
+    session.hook = arrive
+    with ex:
+        first = ex.submit_ids(ex.encode([long]), options)
+        got_long, got_short = first.result(60), late and late[0].result(60)
+    want = sequential(demo, [[short]], DecodeOptions())[0][0][0][0]
+    assert ex.tokenizer.decode(got_short[0][0].tokens) == want
+    assert len(got_long[0][0].tokens) == 80
+    short_steps = len(got_short[0][0].tokens) + 1
+    assert session.express.rows == [1] * short_steps and session.rows == [1] * 80  # it never joined the main batch
+    assert metrics.express_steps == session.express.rows and metrics.batches == [(1, 1), (1, 1)]
+    assert answered["short"] < 80  # answered while the long one decoded
+    first_express, last_express = order.index("express"), len(order) - 1 - order[::-1].index("express")
+    main_beside = order[first_express:last_express].count("main")
+    if share == 0.5:  # express and main steps cost about the same here (one row each): they alternate
+        assert main_beside >= short_steps // 4
+    else:  # the main lane waits 99 x its step's time
+        assert main_beside <= 1
 
 
 @pytest.mark.parametrize("inflight", [True, False], ids=["inflight", "static"])

@@ -200,13 +200,15 @@ def counter(url, name) -> float:
                 for s in f.samples if s.name == name + "_total")
 
 
-@pytest.mark.parametrize("batching", ["inflight", "static"])
+@pytest.mark.parametrize("batching", ["inflight", "static", "express"])
 def test_requests_arriving_during_a_batch_join_it_only_in_flight(demo_artifact, sentences, batching):
     """A long request decodes (8 sentences x beam 4, 120 tokens each); short ones sent meanwhile join its batch
-    at the next step with --batching inflight, and wait for it to end with static. Answers are the same."""
+    at the next step with --batching inflight (or decode in the express lane beside it, those of at most 11
+    tokens, with --express-tokens 11), and wait for it to end with static. Answers are the same."""
     long = {"text": sorted(sentences, key=len)[-8:], "beam": 4, "suppress_eos": True, "max_new_tokens": 120}
     shorts = [{"text": [s]} for s in sentences[:8]]
-    with server(demo_artifact, "--batching", batching, "--max-wait-ms", 0) as (url, _):
+    flags = ["--batching", "inflight", "--express-tokens", 11] if batching == "express" else ["--batching", batching]
+    with server(demo_artifact, *flags, "--max-wait-ms", 0) as (url, _):
         with ThreadPoolExecutor(max_workers=9) as pool:
             first = pool.submit(post, url, long)
             deadline = time.monotonic() + 30
@@ -216,12 +218,15 @@ def test_requests_arriving_during_a_batch_join_it_only_in_flight(demo_artifact, 
             done_first = first.done()
             assert first.result().status_code == 200
         joined, steps = counter(url, "twostep_joined_sentences"), counter(url, "twostep_decoder_steps")
+        express = counter(url, "twostep_express_steps")
     assert all(r.status_code == 200 for r in replies)
     translator, backend = open_translator(demo_artifact, "ort-cpu")
     with backend:
         want = translator.translate([s["text"][0] for s in shorts])
     assert [r.json()["translations"][0][0]["text"] for r in replies] == want
-    if batching == "inflight":
-        assert joined >= 1 and not done_first  # the shorts were answered while the long request decoded
+    if batching != "static":
+        assert not done_first  # the shorts were answered while the long request decoded
+        assert (express > 0) == (batching == "express")  # in the express lane, or joining the long one's batch
+        assert joined >= 1 or batching == "express"
     else:
         assert joined == 0 and steps >= 120

@@ -334,6 +334,11 @@ def serve_cmd(
     max_queue: int = typer.Option(1024, min=1, help="Sentences that may wait; beyond it requests get 503."),
     batching: str = typer.Option("inflight", help="inflight: sentences that arrive while a batch runs join it at "
                                  "its next step; static: they wait until it ends (see the README)."),
+    express_tokens: int = typer.Option(0, min=0, help="In flight: sentences of at most this many source tokens "
+                                       "decode in an express lane stepped before the main batch (0: none; "
+                                       "see the README)."),
+    express_share: float = typer.Option(0.9, min=0.01, max=0.99, help="The share of decoding time the express "
+                                        "lane takes while both it and the main batch run."),
     max_sentences: int = typer.Option(64, min=1, help="Sentences per request; beyond it 413."),
     threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads of the model (default: the library's)."),
     ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep\\[ray]')."),
@@ -354,7 +359,8 @@ def serve_cmd(
         raise TwostepError(f"--batching takes {' or '.join(BATCHING)}, got {batching!r}")
     check_servable(model_dir, backend)
     limits = BatchLimits(max_batch_tokens=max_batch_tokens, max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms,
-                         max_queue=max_queue, inflight=BATCHING[batching])
+                         max_queue=max_queue, inflight=BATCHING[batching], express_tokens=express_tokens,
+                         express_share=express_share)
     config = ServeConfig(str(model_dir.resolve()), backend, threads, limits, max_sentences=max_sentences)
     if not ray:
         from twostep.serving.http import serve

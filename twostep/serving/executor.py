@@ -12,6 +12,14 @@ then wait in one bounded queue. A worker thread decodes them in one running batc
 - Static batching (`inflight=False`): a batch takes what fits and runs until its last sentence is done;
   sentences that arrive meanwhile wait for the next batch.
 
+- The express lane (in flight, `express_tokens` > 0): sentences of at most `express_tokens` source tokens
+  decode in a second running batch, on a step session of their own, while it holds at most `express_rows`
+  rows (beyond that they join the main batch). While both batches run, the worker steps the express one
+  first, giving the main one at least 1 - `express_share` of its time: a short sentence decodes at close
+  to its speed alone instead of at the pace of a step over every long sentence, and long sentences go on
+  meanwhile. It costs throughput (a step of a few rows does less work per second than the same rows in the
+  big step): docs/benchmarks.md measures it.
+
 Either way a batch starts once its first sentence has waited `max_wait_ms` after it came or after the worker
 became free (whichever is later), or sooner once the batch is full; sentences decoded with different options
 share it (each decodes with its own). A sentence that finishes leaves the batch at that step (its rows are
@@ -29,11 +37,12 @@ Imports no web framework: `twostep.serving.http` and `twostep.serving.ray_app` s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
@@ -55,19 +64,28 @@ class BatchLimits:
     """How the executor batches: a batch holds at most max_batch_tokens (source tokens x beam) and
     max_batch_rows (sentences x beam); it starts once its first sentence has waited max_wait_ms (or is
     full); at most max_queue sentences wait. `inflight`: waiting sentences join the running batch at the next
-    step (False: they wait for it to end; docs/benchmarks.md measures both)."""
+    step (False: they wait for it to end; docs/benchmarks.md measures both). In flight, `express_tokens` > 0
+    opens the express lane: sentences of at most that many source tokens decode in a batch of their own (at
+    most `express_rows` rows), stepped first, with `express_share` of the time while both batches run."""
 
     max_batch_tokens: int = 4096
     max_batch_rows: int = 64
     max_wait_ms: float = 5.0
     max_queue: int = 1024
     inflight: bool = True
+    express_tokens: int = 0
+    express_rows: int = 8
+    express_share: float = 0.9
 
     def __post_init__(self) -> None:
-        problems = [f"{name} must be positive, got {getattr(self, name)!r}"
-                    for name in ("max_batch_tokens", "max_batch_rows", "max_queue") if getattr(self, name) < 1]
+        problems = [f"{name} must be positive, got {getattr(self, name)!r}" for name in
+                    ("max_batch_tokens", "max_batch_rows", "max_queue", "express_rows") if getattr(self, name) < 1]
         if self.max_wait_ms < 0:
             problems.append(f"max_wait_ms must be 0 or more, got {self.max_wait_ms!r}")
+        if self.express_tokens < 0:
+            problems.append(f"express_tokens must be 0 (no express lane) or more, got {self.express_tokens!r}")
+        if not 0 < self.express_share < 1:
+            problems.append(f"express_share must be above 0 and below 1, got {self.express_share!r}")
         if problems:
             raise BadInput("bad batching limits: " + "; ".join(problems))
 
@@ -81,8 +99,9 @@ class Metrics:
     def joined(self, sentences: int, rows: int) -> None:
         """Sentences joined a running batch."""
 
-    def step(self, rows: int) -> None:
-        """A decoder step ran for this many rows of sentences (free rows not counted)."""
+    def step(self, rows: int, express: bool = False) -> None:
+        """A decoder step ran for this many rows of sentences (free rows not counted), in the express lane's
+        batch or the main one."""
 
     def generated(self, tokens: int) -> None:
         """A sentence finished with this many tokens (its best hypothesis)."""
@@ -123,6 +142,33 @@ class Sentence:
         return self.request.future.done()
 
 
+@dataclass(eq=False)
+class Lane:
+    """A running batch on a step session of its own, and what may join it: at most max_rows rows and
+    max_tokens source tokens x beam, of sentences of at most max_source tokens (None: any). `step_s`: its last
+    step's time; `ahead_s`: (express lane) the time its steps took since the main lane's last step."""
+
+    session: StepSession
+    max_rows: int
+    max_tokens: int
+    max_source: int | None = None
+    batch: RunningBatch = field(init=False)
+    step_s: float = 0.0
+    ahead_s: float = 0.0
+
+    def load(self) -> tuple[int, int]:
+        """Rows and source tokens x beam of the sentences it holds."""
+        running = self.batch.owners()
+        return sum(x.rows for x in running), sum(x.cost for x in running)
+
+    def takes(self, x: Sentence, rows: int, tokens: int) -> bool:
+        """Whether x may join, the lane holding `rows` and `tokens`: an empty main lane takes any sentence."""
+        if self.max_source is not None and len(x.ids) > self.max_source:
+            return False
+        return (not rows and self.max_source is None) or (rows + x.rows <= self.max_rows
+                                                          and tokens + x.cost <= self.max_tokens)
+
+
 class BatchingTranslator(Translator):
     """A Translator that many threads and coroutines share: their sentences are merged into batches (see the
     module's docstring). Use it as a context manager, or call close(): queued and running sentences finish,
@@ -130,9 +176,13 @@ class BatchingTranslator(Translator):
 
     def __init__(self, session: StepSession, specials: Specials, tokenizer: Tokenizer | None = None,
                  options: DecodeOptions = DecodeOptions(), limits: BatchLimits = BatchLimits(),
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, express_session: StepSession | None = None):
         super().__init__(session, specials, tokenizer, batch_size=limits.max_batch_rows, options=options)
         self.limits, self.metrics = limits, metrics or Metrics()
+        if limits.inflight and limits.express_tokens and express_session is None:
+            raise ValueError("an express lane (express_tokens > 0) decodes on a step session of its own: pass "
+                             "express_session (another backend.session())")
+        self.express_session = express_session if limits.inflight and limits.express_tokens else None
         self.waiting: deque[Sentence] = deque()
         self.cond = threading.Condition()
         self.closed = False
@@ -224,24 +274,54 @@ class BatchingTranslator(Translator):
             log.error("the batching worker stopped: %s", exc)
 
     def decode_forever(self) -> None:
-        s = self.specials
-        with decoding.exclusive(self.session):
-            batch = RunningBatch(self.session, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
-                                 cancelled=lambda sentence: sentence.cancelled)
+        lanes = [Lane(self.session, self.limits.max_batch_rows, self.limits.max_batch_tokens)]
+        if self.express_session is not None:
+            lanes.append(Lane(self.express_session, self.limits.express_rows,
+                              self.limits.express_rows * self.limits.express_tokens, self.limits.express_tokens))
+        with contextlib.ExitStack() as stack:
+            for lane in lanes:
+                stack.enter_context(decoding.exclusive(lane.session))
+                self.restart(lane)
             while True:
-                joining = self.next_sentences(batch)
+                joining = self.next_sentences(lanes)
                 if joining is None:
                     return
-                try:
-                    if joining:
-                        self.join(batch, joining)
-                    if batch.sentences:
-                        self.metrics.step(batch.live_rows)
-                        self.answer_all(batch.step())
-                except Exception as exc:  # the batch's requests fail; the worker goes on with a new batch
-                    self.fail([*batch.owners(), *joining], exc)
-                    batch = RunningBatch(self.session, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
-                                         cancelled=lambda sentence: sentence.cancelled)
+                for lane, sentences in zip(lanes, joining):
+                    if sentences:
+                        self.guarded(lane, sentences, lambda: self.join(lane.batch, sentences))
+                lane = self.pick(lanes)
+                if lane is not None:
+                    self.metrics.step(lane.batch.live_rows, express=lane is not lanes[0])
+                    started = time.perf_counter()
+                    self.guarded(lane, [], lambda: self.answer_all(lane.batch.step()))
+                    lane.step_s = time.perf_counter() - started
+                    if lane is lanes[0]:
+                        lanes[-1].ahead_s = 0.0
+                    else:
+                        lane.ahead_s += lane.step_s
+
+    def restart(self, lane: Lane) -> None:
+        s = self.specials
+        lane.batch = RunningBatch(lane.session, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
+                                  cancelled=lambda sentence: sentence.cancelled)
+
+    def guarded(self, lane: Lane, joining: list[Sentence], work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception as exc:  # the lane's requests fail; the worker goes on with a new batch there
+            self.fail([*lane.batch.owners(), *joining], exc)
+            self.restart(lane)
+
+    def pick(self, lanes: list[Lane]) -> Lane | None:
+        """The lane to step: the express lane while it runs, except that the main lane's steps get at least
+        1 - express_share of the time (it runs a step once the express lane's steps since its last one took
+        express_share / (1 - express_share) x its last step's time)."""
+        running = [lane for lane in lanes if lane.batch.sentences]
+        if len(running) < 2:
+            return running[0] if running else None
+        main, express = lanes
+        share = self.limits.express_share
+        return main if express.ahead_s * (1 - share) >= share * main.step_s else express
 
     def join(self, batch: RunningBatch, joining: list[Sentence]) -> None:
         running = batch.sentences
@@ -266,18 +346,17 @@ class BatchingTranslator(Translator):
             except InvalidStateError:  # answered, or cancelled
                 pass
 
-    def next_sentences(self, batch: RunningBatch) -> list[Sentence] | None:
-        """The sentences that join the batch now. While it runs: those waiting that fit (none when batching is
-        static), without blocking. Otherwise it blocks until a batch is due: full, or max_wait_ms after its
+    def next_sentences(self, lanes: list[Lane]) -> list[list[Sentence]] | None:
+        """The sentences that join each lane now. While a lane runs: those waiting that fit (none when batching
+        is static), without blocking. Otherwise it blocks until a batch is due: full, or max_wait_ms after its
         first sentence came or after the worker became free, whichever is later (callers answered by the last
         batch send their next requests in that time, and join this one instead of forming a batch of their
         own); None once closed and drained."""
-        if batch.sentences:
+        if any(lane.batch.sentences for lane in lanes):
             if not self.limits.inflight:
-                return []
+                return [[] for _ in lanes]
             with self.cond:
-                running = batch.owners()
-                return self.take(self.fitting(sum(x.rows for x in running), sum(x.cost for x in running))[0])
+                return self.take(self.fitting(lanes)[0])
         free_since = time.monotonic()
         with self.cond:
             while True:
@@ -290,31 +369,33 @@ class BatchingTranslator(Translator):
                 self.cond.wait()
             deadline = max(self.waiting[0].arrived, free_since) + self.limits.max_wait_ms / 1000
             while True:
-                taken, full = self.fitting()
+                taken, full = self.fitting(lanes)
                 if self.closed or full or time.monotonic() >= deadline:
                     return self.take(taken)
                 self.cond.wait(deadline - time.monotonic())
 
-    def fitting(self, rows: int = 0, tokens: int = 0) -> tuple[list[Sentence], bool]:
-        """The waiting sentences that fit in a batch already holding `rows` and `tokens`, in arrival order,
-        from one scan of the queue (the first that does not fit ends it: later ones do not overtake it); and
-        whether the batch is then full: a sentence waits that does not fit, or the rows are all taken."""
-        taken, max_tokens, max_rows = [], self.limits.max_batch_tokens, self.limits.max_batch_rows
+    def fitting(self, lanes: list[Lane]) -> tuple[list[list[Sentence]], bool]:
+        """The waiting sentences that fit in each lane (after what it holds), in arrival order, from one scan
+        of the queue (the first that fits nowhere ends it: later ones do not overtake it); and whether the
+        batch is then full: a sentence waits that fits nowhere, or the main lane's rows are all taken."""
+        load = [lane.load() for lane in lanes]
+        taken: list[list[Sentence]] = [[] for _ in lanes]
         for x in self.waiting:
             if x.cancelled:
                 continue
-            if (rows or taken) and (tokens + x.cost > max_tokens or rows + x.rows > max_rows):
+            i = next((i for i in range(len(lanes) - 1, -1, -1) if lanes[i].takes(x, *load[i])), None)
+            if i is None:
                 return taken, True
-            tokens, rows = tokens + x.cost, rows + x.rows
-            taken.append(x)
-        return taken, tokens >= max_tokens or rows >= max_rows
+            load[i] = (load[i][0] + x.rows, load[i][1] + x.cost)
+            taken[i].append(x)
+        main = lanes[0]
+        return taken, load[0][0] >= main.max_rows or load[0][1] >= main.max_tokens
 
-    def take(self, taken: list[Sentence]) -> list[Sentence]:
-        if not taken:
-            return taken
-        chosen = set(map(id, taken))
-        self.waiting = deque(x for x in self.waiting if id(x) not in chosen and not x.cancelled)
-        return sorted(taken, key=lambda x: len(x.ids))  # similar lengths side by side, less padding
+    def take(self, taken: list[list[Sentence]]) -> list[list[Sentence]]:
+        chosen = {id(x) for sentences in taken for x in sentences}
+        if chosen:
+            self.waiting = deque(x for x in self.waiting if id(x) not in chosen and not x.cancelled)
+        return [sorted(sentences, key=lambda x: len(x.ids)) for sentences in taken]  # similar lengths side by side
 
     def answer_all(self, finished: list[tuple[Sentence, list[Hypothesis]]]) -> None:
         for sentence, hypotheses in finished:
@@ -342,7 +423,8 @@ def open_batching_translator(model_dir, backend: str | None = None, options: Dec
     from twostep.runtime.translator import open_translator
 
     plain, be = open_translator(model_dir, backend, batch_size=limits.max_batch_rows, **backend_options)
-    return BatchingTranslator(plain.session, plain.specials, plain.tokenizer, options, limits, metrics), be
+    express = be.session() if limits.inflight and limits.express_tokens else None
+    return BatchingTranslator(plain.session, plain.specials, plain.tokenizer, options, limits, metrics, express), be
 
 
 __all__ = ["BatchLimits", "BatchingTranslator", "Metrics", "Overloaded", "open_batching_translator"]

@@ -97,6 +97,8 @@ class PrometheusMetrics(Metrics):
         self.step_rows = Counter("twostep_decoder_step_rows", "Rows of sentences (sentences x beam) summed over "
                                  "decoder steps: divided by twostep_decoder_steps_total, the mean batch per step.",
                                  registry=registry)
+        self.express_steps = Counter("twostep_express_steps", "Decoder steps of the express lane's batch (counted "
+                                     "in twostep_decoder_steps_total too).", registry=registry)
         self.tokens = Counter("twostep_generated_tokens", "Tokens generated (best hypothesis of each sentence).",
                               registry=registry)
         self.queue = Gauge("twostep_queue_depth", "Sentences waiting for a batch.", registry=registry)
@@ -109,9 +111,11 @@ class PrometheusMetrics(Metrics):
     def joined(self, sentences: int, rows: int) -> None:
         self.joined_sentences.inc(sentences)
 
-    def step(self, rows: int) -> None:
+    def step(self, rows: int, express: bool = False) -> None:
         self.steps.inc()
         self.step_rows.inc(rows)
+        if express:
+            self.express_steps.inc()
 
     def generated(self, tokens: int) -> None:
         self.tokens.inc(tokens)
