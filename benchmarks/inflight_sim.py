@@ -1,15 +1,15 @@
 """The decoding loop alone under the mixed-length closed loop: static vs in-flight batching without HTTP.
 
     python -m benchmarks.inflight_sim ART [ART ...] [--requests 256] [--slots 32] [--threads 2]
-                                      [--encoder-spins off,on] [--rounds 2]
+                                      [--between-runs stop,spin] [--rounds 2]
 
 The workload of `serve_load --scenario mixed` (the same 256 sources of 5-60 tokens, each decoding 2 x its
 length + 16 tokens, eos suppressed) through one `RunningBatch` on one ort-cpu session, `--slots` sentences
 at a time, as `--slots` closed-loop clients would keep it: static batching starts a batch of the next
 `--slots` sentences once the last one is done; in-flight batching fills every slot a finished sentence left
 at the next step. No server, no clients, no queue: what it measures is the decoding itself. Per artifact,
-mode and setting of the encoder session's thread spinning (`OrtBackend.encoder_spins`; the library's default
-is off), the median of `--rounds` runs: wall time, generated tokens/s, decoder steps, rows a step, and the
+mode and what ONNX Runtime's pool threads do after a run (`stop`: they stop spinning, the library's default;
+`spin`: they spin on, waiting for the next, ONNX Runtime's default: `OrtBackend.spin_between_runs`), the median of `--rounds` runs: wall time, generated tokens/s, decoder steps, rows a step, and the
 self-attention cache's mean width (the oldest row's history; the in-place decoder's capacity instead).
 """
 
@@ -53,17 +53,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--encoder-spins", default="off,on", help="off, on or both: off,on.")
+    parser.add_argument("--between-runs", default="stop,spin", help="stop, spin or both: stop,spin.")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     sources = [body["ids"][0] for body in mixed(args.requests, seed=5)]
-    print("| artifact | decoder | encoder spins | batching | wall s | tokens/s | steps | rows a step | cache width |")
+    print("| artifact | decoder | between runs | batching | wall s | tokens/s | steps | rows a step | cache width |")
     print("|---|---|---|---|---|---|---|---|---|")
     for path in args.artifacts:
         artifact = load_artifact(path)
         specials = Specials.of(artifact.config, artifact.config.max_positions)
-        for spins in args.encoder_spins.split(","):
-            backend_class = type("Backend", (OrtBackend,), {"encoder_spins": spins == "on"})
+        for after in args.between_runs.split(","):
+            backend_class = type("Backend", (OrtBackend,), {"spin_between_runs": after == "spin"})
             with backend_class(artifact, threads=args.threads) as backend:
                 session = backend.session()
                 run(session, specials, sources[:16], args.slots, True)  # warm up
@@ -73,7 +73,7 @@ def main() -> None:
                         results[mode].append(run(session, specials, sources, args.slots, mode == "inflight"))
                 for mode, runs in results.items():
                     m = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
-                    print(f"| {path.name} | {'in-place' if backend.inplace else 'plain'} | {spins} | {mode} | "
+                    print(f"| {path.name} | {'in-place' if backend.inplace else 'plain'} | {after} | {mode} | "
                           f"{m['wall_s']:.2f} | {m['tokens_per_s']:.0f} | {m['steps']:.0f} | "
                           f"{m['rows_per_step']:.1f} | {m['mean_width']:.0f} |", flush=True)
 

@@ -44,7 +44,7 @@ class OrtBackend(Backend):
     name = "ort-cpu"
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     runs_inplace = True  # the in-place decoder's kernel is ONNX Runtime's CPU one
-    encoder_spins = False  # the encoder's idle pool threads sleep (session_options)
+    spin_between_runs = False  # pool threads stop spinning when a run returns (session_options)
 
     def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all",
                  kv_cache: str = "auto"):
@@ -89,12 +89,14 @@ class OrtBackend(Backend):
             options.intra_op_num_threads = self.threads
             options.inter_op_num_threads = 1
         options.log_severity_level = 3
-        if graph == "encoder" and not self.encoder_spins:
-            # The encoder runs once a batch (or a join); its pool threads spinning after it, for work that
-            # comes only then, took the cores from the decoder's steps: in-flight decoding ran 1.5-1.9x
-            # slower on 2 cores (docs/benchmarks.md, "In-flight vs static batching"). The decoder's threads,
-            # busy step after step, keep spinning: without it each step waits for them to wake.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if not self.spin_between_runs:
+            # ONNX Runtime's pool threads spin between a run's operators (without it each waits for them to
+            # wake: a short request alone took 35 ms instead of 25, demo) and, by default, after the run for
+            # the next one. After a run they stop here: the encoder's threads spinning after a join took the
+            # cores from the decoder's steps (in-flight decoding ran 1.5-1.9x slower on 2 cores), and the
+            # decoder's, between steps, from the bookkeeping and HTTP threads (docs/benchmarks.md, "In-flight
+            # vs static batching").
+            options.add_session_config_entry("session.force_spinning_stop", "1")
         return options
 
     def _load(self) -> None:
