@@ -3,6 +3,7 @@
     python -m benchmarks.serve_load [--work DIR] [--presets demo,base] [--concurrency 1,8,32,64]
                                     [--requests 96] [--markdown FILE]
     python -m benchmarks.serve_load --scenario mixed [--presets demo,base] [--decoders plain,inplace]
+                                    [--modes static,inflight,express] [--express-tokens 9]
                                     [--mixed-requests 256] [--rounds 2] [--backend ort-cuda] [--markdown FILE]
 
 Per preset (the bundled demo model; the paper's base model with random weights, vocab 32000):
@@ -15,13 +16,14 @@ Per preset (the bundled demo model; the paper's base model with random weights, 
    tokens) and long (>= 40) sentences' latency, unloaded (1 client) and loaded (32 clients);
 5. overload: twice the largest concurrency against a queue of half of it: 503s, errors, lost requests.
 
-`--scenario mixed` runs only the in-flight batching comparison: a static-batching server and an in-flight one
-(`twostep serve --batching static|inflight`, otherwise alike), one after the other in the same run, `--rounds`
-times alternating. Each gets the same mixed-length workload (sources of 5-60 random ids, each decoding 2 x its
-length + 16 tokens) from 32 closed-loop clients, and, before it, the short sentences (< 10 source tokens) of
-that workload one at a time (their unloaded latency). Reported per mode: the short sentences' p50 latency
-loaded and unloaded and their ratio (target <= 2 in flight), requests/s and generated tokens/s (target: in
-flight >= static), and the mean rows per decoder step (from /metrics).
+`--scenario mixed` runs only the batching comparison: one server per mode of `--modes` (static: `twostep serve
+--batching static`; inflight: `--batching inflight`; express: in flight with `--express-tokens`, by default
+the short sentences' 9), otherwise alike, one after the other in the same run, `--rounds` times, the order
+reversed every other round. Each gets the same mixed-length workload (sources of 5-60 random ids, each
+decoding 2 x its length + 16 tokens) from 32 closed-loop clients, and, before it, the short sentences (< 10
+source tokens) of that workload one at a time (their unloaded latency). Reported per mode: the short
+sentences' p50 latency loaded and unloaded and their ratio (target <= 2), requests/s and generated tokens/s
+and their ratio to static's (target >= 1), and the mean rows per decoder step (from /metrics).
 
 Base preset requests are 32 random source tokens decoding exactly 32 tokens (suppress_eos), like the offline
 bench; demo requests are test-split sentences decoded to their eos. Server and clients share this machine's
@@ -231,7 +233,7 @@ def mode_args(mode: str, express_tokens: int) -> list:
 
 
 def mixed_mode(art: Path, mode: str, bodies: list[dict], clients: int, max_wait_ms: float,
-               backend: str | None = None, express_tokens: int = 16) -> dict:
+               backend: str | None = None, express_tokens: int = SHORT - 1) -> dict:
     """One server batching as `mode` says: its short sentences alone (one client), then every body from
     `clients` closed-loop clients."""
     short = [b for b in bodies if len(b["ids"][0]) < SHORT]
@@ -254,7 +256,7 @@ def mixed_mode(art: Path, mode: str, bodies: list[dict], clients: int, max_wait_
 
 def mixed_scenario(art: Path, n: int, rounds: int, clients: int, max_wait_ms: float, preset: str,
                    backend: str | None = None, modes: tuple[str, ...] = ("static", "inflight"),
-                   express_tokens: int = 16) -> dict:
+                   express_tokens: int = SHORT - 1) -> dict:
     """The batching modes side by side: `rounds` runs of each on the same workload, the order reversed every
     other round; per mode the median of each number over its rounds."""
     bodies = mixed(n, seed=5)
@@ -312,8 +314,8 @@ def main() -> None:
     parser.add_argument("--backend", help="--scenario mixed: the server's --backend (default ort-cpu), e.g. ort-cuda.")
     parser.add_argument("--modes", default="static,inflight,express", help="--scenario mixed: the batching modes "
                         "compared (static first): static, inflight, express (in flight with an express lane).")
-    parser.add_argument("--express-tokens", type=int, default=16, help="--scenario mixed, mode express: the "
-                        "server's --express-tokens.")
+    parser.add_argument("--express-tokens", type=int, default=SHORT - 1, help="--scenario mixed, mode express: "
+                        "the server's --express-tokens (default: the short sentences', 9).")
     parser.add_argument("--decoders", default="plain", help="--scenario mixed: plain, inplace (the in-place "
                         "GroupQueryAttention variant, `export --inplace-cache`) or both: plain,inplace.")
     args = parser.parse_args()
@@ -321,6 +323,8 @@ def main() -> None:
     levels = [int(x) for x in args.concurrency.split(",")]
     report = {"machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}"}
     if args.scenario == "mixed":
+        if args.modes.split(",")[0] != "static" or not set(args.modes.split(",")) <= set(MODES):
+            parser.error(f"--modes: static first, then any of {', '.join(MODES)}; got {args.modes}")
         for preset in args.presets.split(","):
             for decoder in args.decoders.split(","):
                 art = prepare(args.work, preset, inplace=decoder == "inplace")

@@ -42,14 +42,14 @@ def deployment(config: ServeConfig, replicas: int = 1, num_cpus: float = 1.0,
 
 def app_builder(args: dict[str, str]):
     """For `serve run twostep.serving.ray_app:app_builder model_dir=... [key=value ...]`."""
-    known = {"model_dir", "backend", "threads", "replicas", "num_cpus", "batching"}
+    known = {"model_dir", "backend", "threads", "replicas", "num_cpus", "batching", "express_tokens"}
     unknown = set(args) - known
     batching = args.get("batching", "inflight")
     if unknown or "model_dir" not in args or batching not in BATCHING:
         raise ValueError(f"arguments: model_dir=ART and optionally {sorted(known - {'model_dir'})} "
                          f"(batching=inflight, the default, or static); got {args}")
     config = ServeConfig(args["model_dir"], args.get("backend"), int(args["threads"]) if "threads" in args else None,
-                         BatchLimits(inflight=BATCHING[batching]))
+                         BatchLimits(inflight=BATCHING[batching], express_tokens=int(args.get("express_tokens", 0))))
     return deployment(config, replicas=int(args.get("replicas", 1)), num_cpus=float(args.get("num_cpus", 1)))
 
 
