@@ -9,7 +9,8 @@ at a time, as `--slots` closed-loop clients would keep it: static batching start
 `--slots` sentences once the last one is done; in-flight batching fills every slot a finished sentence left
 at the next step. No server, no clients, no queue: what it measures is the decoding itself. Per artifact,
 mode and what ONNX Runtime's pool threads do after a run (`stop`: they stop spinning, the library's default;
-`spin`: they spin on, waiting for the next, ONNX Runtime's default: `OrtBackend.spin_between_runs`), the median of `--rounds` runs: wall time, generated tokens/s, decoder steps, rows a step, and the
+`spin`: they spin on, waiting for the next, ONNX Runtime's default: `OrtBackend.spin_between_runs`), the
+median of `--rounds` runs: wall time, generated tokens/s, decoder steps, rows a step, and the
 self-attention cache's mean width (the oldest row's history; the in-place decoder's capacity instead).
 """
 

@@ -285,16 +285,17 @@ def mixed_markdown(report: dict) -> str:
                   f"{m['rounds']:.0f} rounds", "",
                   "| batching | short p50 alone ms | short p50 loaded ms | ratio | requests/s | tokens/s | "
                   "rows per step | all p50 ms |", "|---|---|---|---|---|---|---|---|"]
-        modes = [mode for mode in MODES if mode in m]
-        for mode in modes:
+        names = {mode: label.format(**m) for mode, label in MODES.items() if mode in m}
+        for mode, name in names.items():
             x = m[mode]
-            lines.append(f"| {MODES[mode].format(**m)} | {x['short_unloaded_p50_ms']:.1f} | {x['short_loaded_p50_ms']:.1f} | "
+            lines.append(f"| {name} | {x['short_unloaded_p50_ms']:.1f} | {x['short_loaded_p50_ms']:.1f} | "
                          f"{x['short_ratio']:.2f} | {x['requests_per_s']:.1f} | {x['tokens_per_s']:.0f} | "
                          f"{x['rows_per_step']:.1f} | {x['all_p50_ms']:.0f} |")
-        lines += ["", "Throughput / static: " + ", ".join(f"{MODES[mode].format(**m)} {m[mode]['throughput_ratio']:.2f}x"
-                                                        for mode in modes[1:])
-                  + f". Short sentences (n={m['static']['short_n']:.0f}) loaded / alone: "
-                  + ", ".join(f"{MODES[mode].format(**m)} {m[mode]['short_ratio']:.2f}x" for mode in modes) + ".", ""]
+        throughput = ", ".join(f"{name} {m[mode]['throughput_ratio']:.2f}x" for mode, name in names.items()
+                               if mode != "static")
+        latency = ", ".join(f"{name} {m[mode]['short_ratio']:.2f}x" for mode, name in names.items())
+        lines += ["", f"Throughput / static: {throughput}. Short sentences (n={m['static']['short_n']:.0f}) "
+                      f"loaded / alone: {latency}.", ""]
     return "\n".join(lines)
 
 

@@ -89,6 +89,11 @@ class BatchLimits:
         if problems:
             raise BadInput("bad batching limits: " + "; ".join(problems))
 
+    @property
+    def express(self) -> bool:
+        """Whether there is an express lane: in flight only."""
+        return self.inflight and self.express_tokens > 0
+
 
 class Metrics:
     """What the executor reports; the HTTP server's Prometheus metrics subclass it. This one counts nothing."""
@@ -156,6 +161,11 @@ class Lane:
     step_s: float = 0.0
     ahead_s: float = 0.0
 
+    @property
+    def express(self) -> bool:
+        """The express lane is the one that takes short sentences only."""
+        return self.max_source is not None
+
     def load(self) -> tuple[int, int]:
         """Rows and source tokens x beam of the sentences it holds."""
         running = self.batch.owners()
@@ -163,10 +173,10 @@ class Lane:
 
     def takes(self, x: Sentence, rows: int, tokens: int) -> bool:
         """Whether x may join, the lane holding `rows` and `tokens`: an empty main lane takes any sentence."""
-        if self.max_source is not None and len(x.ids) > self.max_source:
+        if self.express and len(x.ids) > self.max_source:
             return False
-        return (not rows and self.max_source is None) or (rows + x.rows <= self.max_rows
-                                                          and tokens + x.cost <= self.max_tokens)
+        fits = rows + x.rows <= self.max_rows and tokens + x.cost <= self.max_tokens
+        return fits or (not rows and not self.express)
 
 
 class BatchingTranslator(Translator):
@@ -179,10 +189,10 @@ class BatchingTranslator(Translator):
                  metrics: Metrics | None = None, express_session: StepSession | None = None):
         super().__init__(session, specials, tokenizer, batch_size=limits.max_batch_rows, options=options)
         self.limits, self.metrics = limits, metrics or Metrics()
-        if limits.inflight and limits.express_tokens and express_session is None:
+        if limits.express and express_session is None:
             raise ValueError("an express lane (express_tokens > 0) decodes on a step session of its own: pass "
                              "express_session (another backend.session())")
-        self.express_session = express_session if limits.inflight and limits.express_tokens else None
+        self.express_session = express_session if limits.express else None
         self.waiting: deque[Sentence] = deque()
         self.cond = threading.Condition()
         self.closed = False
@@ -291,14 +301,14 @@ class BatchingTranslator(Translator):
                         self.guarded(lane, sentences, lambda: self.join(lane.batch, sentences))
                 lane = self.pick(lanes)
                 if lane is not None:
-                    self.metrics.step(lane.batch.live_rows, express=lane is not lanes[0])
+                    self.metrics.step(lane.batch.live_rows, express=lane.express)
                     started = time.perf_counter()
                     self.guarded(lane, [], lambda: self.answer_all(lane.batch.step()))
                     lane.step_s = time.perf_counter() - started
-                    if lane is lanes[0]:
-                        lanes[-1].ahead_s = 0.0
-                    else:
+                    if lane.express:
                         lane.ahead_s += lane.step_s
+                    else:  # the main lane stepped: the express lane's lead starts again
+                        lanes[-1].ahead_s = 0.0
 
     def restart(self, lane: Lane) -> None:
         s = self.specials
@@ -353,7 +363,7 @@ class BatchingTranslator(Translator):
         batch send their next requests in that time, and join this one instead of forming a batch of their
         own); None once closed and drained."""
         if any(lane.batch.sentences for lane in lanes):
-            if not self.limits.inflight:
+            if not self.limits.inflight or not self.waiting:  # nothing to join: no lock, no scan (every step)
                 return [[] for _ in lanes]
             with self.cond:
                 return self.take(self.fitting(lanes)[0])
@@ -423,7 +433,7 @@ def open_batching_translator(model_dir, backend: str | None = None, options: Dec
     from twostep.runtime.translator import open_translator
 
     plain, be = open_translator(model_dir, backend, batch_size=limits.max_batch_rows, **backend_options)
-    express = be.session() if limits.inflight and limits.express_tokens else None
+    express = be.session() if limits.express else None
     return BatchingTranslator(plain.session, plain.specials, plain.tokenizer, options, limits, metrics, express), be
 
 
