@@ -4,7 +4,8 @@
                                     [--requests 96] [--markdown FILE]
     python -m benchmarks.serve_load --scenario mixed [--presets demo,base] [--decoders plain,inplace]
                                     [--modes static,inflight,express] [--express-tokens 9]
-                                    [--mixed-requests 256] [--rounds 2] [--backend ort-cuda] [--markdown FILE]
+                                    [--mixed-requests 256] [--rounds 2] [--threads 2] [--backend ort-cuda]
+                                    [--markdown FILE]
 
 Per preset (the bundled demo model; the paper's base model with random weights, vocab 32000):
 1. offline: `twostep bench` at batch 32 (the throughput the server should approach);
@@ -125,8 +126,11 @@ def summary(latencies: list[float], tokens: int, wall: float, requests: int, **e
 
 
 class Server:
+    threads = 2  # the server's intra-op threads (--threads)
+
     def __init__(self, art: Path, *args):
-        self.proc = subprocess.Popen([*TWOSTEP, "serve", str(art), "--port", "0", "--threads", "2", *map(str, args)],
+        self.proc = subprocess.Popen([*TWOSTEP, "serve", str(art), "--port", "0", "--threads", str(self.threads),
+                                      *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in self.proc.stdout:
             found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
@@ -319,7 +323,9 @@ def main() -> None:
                         "the server's --express-tokens (default: the short sentences', 9).")
     parser.add_argument("--decoders", default="plain", help="--scenario mixed: plain, inplace (the in-place "
                         "GroupQueryAttention variant, `export --inplace-cache`) or both: plain,inplace.")
+    parser.add_argument("--threads", type=int, default=2, help="The server's --threads (intra-op threads).")
     args = parser.parse_args()
+    Server.threads = args.threads
     args.work.mkdir(parents=True, exist_ok=True)
     levels = [int(x) for x in args.concurrency.split(",")]
     report = {"machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}"}
