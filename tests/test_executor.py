@@ -15,7 +15,7 @@ from twostep.runtime import backends
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.tokenizer import Tokenizer
 from twostep.runtime.translator import Specials, Translator
-from twostep.serving.executor import BatchingTranslator, BatchLimits, Metrics
+from twostep.serving.executor import BatchingTranslator, BatchLimits, Metrics, batching_advice
 
 
 class Recorder:
@@ -372,3 +372,15 @@ def test_a_sentence_the_session_refuses_fails_alone_not_those_joining_with_it(de
     want = sequential(demo, [[s] for s in sentences[:3]], DecodeOptions())
     assert [ex.tokenizer.decode(o[0][0].tokens) for i, o in enumerate(outcomes) if i != 2] == [
         w[0][0][0] for w in want]
+
+
+def test_in_flight_on_ort_cpu_advises_the_in_place_decoder_only_where_the_plain_one_decodes(demo, demo_inplace):
+    _, plain = demo
+    advice = batching_advice(plain, BatchLimits())
+    assert advice and "--inplace-cache" in advice and "ort-cpu" in advice
+    assert batching_advice(plain, BatchLimits(inflight=False)) is None  # static batching: no oldest row to wait on
+    with backends.create("ort-cpu", artifact=load_artifact(demo_inplace.path), threads=1) as inplace:
+        assert inplace.inplace
+        assert batching_advice(inplace, BatchLimits(express_tokens=9)) is None
+    with backends.create("ort-cpu", artifact=load_artifact(demo_inplace.path), threads=1, kv_cache="concat") as chosen:
+        assert "kv_cache 'auto'" in batching_advice(chosen, BatchLimits())  # it has one: the choice was concat

@@ -208,7 +208,7 @@ def test_requests_arriving_during_a_batch_join_it_only_in_flight(demo_artifact, 
     long = {"text": sorted(sentences, key=len)[-8:], "beam": 4, "suppress_eos": True, "max_new_tokens": 120}
     shorts = [{"text": [s]} for s in sentences[:8]]
     flags = ["--batching", "inflight", "--express-tokens", 11] if batching == "express" else ["--batching", batching]
-    with server(demo_artifact, *flags, "--max-wait-ms", 0) as (url, _):
+    with server(demo_artifact, *flags, "--max-wait-ms", 0) as (url, proc):
         with ThreadPoolExecutor(max_workers=9) as pool:
             first = pool.submit(post, url, long)
             deadline = time.monotonic() + 30
@@ -220,6 +220,8 @@ def test_requests_arriving_during_a_batch_join_it_only_in_flight(demo_artifact, 
         joined, steps = counter(url, "twostep_joined_sentences"), counter(url, "twostep_decoder_steps")
         express = counter(url, "twostep_express_steps")
     assert all(r.status_code == 200 for r in replies)
+    # in flight on the plain decoder (demo_artifact has no other), the server said so at start
+    assert any("--inplace-cache" in line for line in proc.log) == (batching != "static"), "".join(proc.log)
     translator, backend = open_translator(demo_artifact, "ort-cpu")
     with backend:
         want = translator.translate([s["text"][0] for s in shorts])

@@ -48,6 +48,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 
 from twostep.errors import BadInput, Overloaded, TwostepError
+from twostep.exporter.spec import INPLACE
 from twostep.runtime import decoding
 from twostep.runtime.decoding import DecodeOptions, Entry, Hypothesis, RunningBatch, StepSession
 from twostep.runtime.tokenizer import Tokenizer
@@ -425,6 +426,20 @@ class BatchingTranslator(Translator):
                 pass
 
 
+def batching_advice(backend, limits: BatchLimits) -> str | None:
+    """What a server tells its operator at start about how it batches on this backend, or None. In flight on
+    ort-cpu with the plain decoder, the batch's self-attention cache is as wide as its oldest sentence's history
+    (every row attends over it and the graph copies it each step), and its throughput measured about static
+    batching's at best (docs/benchmarks.md); the in-place decoder attends over each row's own history."""
+    if not (limits.inflight and getattr(backend, "runs_inplace", False) and not backend.inplace):
+        return None
+    remedy = ("decode with it (kv_cache 'auto' or 'inplace')" if INPLACE in backend.artifact.variants else
+              "export the model with `twostep export --inplace-cache` for ONNX Runtime's in-place decoder")
+    return (f"in-flight batching on {backend.name} with the plain decoder: its KV cache is as wide as the oldest "
+            "sentence's history, and its throughput measured about static batching's at best (docs/benchmarks.md); "
+            f"{remedy}")
+
+
 def open_batching_translator(model_dir, backend: str | None = None, options: DecodeOptions = DecodeOptions(),
                              limits: BatchLimits = BatchLimits(), metrics: Metrics | None = None,
                              **backend_options) -> tuple[BatchingTranslator, object]:
@@ -437,4 +452,5 @@ def open_batching_translator(model_dir, backend: str | None = None, options: Dec
     return BatchingTranslator(plain.session, plain.specials, plain.tokenizer, options, limits, metrics, express), be
 
 
-__all__ = ["BatchLimits", "BatchingTranslator", "Metrics", "Overloaded", "open_batching_translator"]
+__all__ = ["BatchLimits", "BatchingTranslator", "Metrics", "Overloaded", "batching_advice",
+           "open_batching_translator"]

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from twostep.errors import BadInput, Overloaded, TwostepError
 from twostep.runtime.decoding import DecodeOptions
-from twostep.serving.executor import BatchLimits, Metrics, open_batching_translator
+from twostep.serving.executor import BatchLimits, Metrics, batching_advice, open_batching_translator
 
 log = logging.getLogger("twostep.serving")
 
@@ -139,6 +139,9 @@ def build_app(config: ServeConfig) -> FastAPI:
         metrics.queue.set_function(lambda: translator.queue_depth)
         state.update(translator=translator, backend=backend, ready=True)
         log.info("serving %s on %s (%s)", config.model_dir, backend.name, asdict(config.limits))
+        advice = batching_advice(backend, config.limits)
+        if advice:
+            log.warning(advice)
         try:
             yield
         finally:
