@@ -374,7 +374,8 @@ def test_a_sentence_the_session_refuses_fails_alone_not_those_joining_with_it(de
         w[0][0][0] for w in want]
 
 
-def test_in_flight_on_ort_cpu_advises_the_in_place_decoder_only_where_the_plain_one_decodes(demo, demo_inplace):
+def test_in_flight_on_ort_cpu_advises_the_in_place_decoder_only_where_the_plain_one_decodes(demo, demo_inplace,
+                                                                                           demo_model_dir):
     _, plain = demo
     advice = batching_advice(plain, BatchLimits())
     assert advice and "--inplace-cache" in advice and "ort-cpu" in advice
@@ -384,3 +385,5 @@ def test_in_flight_on_ort_cpu_advises_the_in_place_decoder_only_where_the_plain_
         assert batching_advice(inplace, BatchLimits(express_tokens=9)) is None
     with backends.create("ort-cpu", artifact=load_artifact(demo_inplace.path), threads=1, kv_cache="concat") as chosen:
         assert "kv_cache 'auto'" in batching_advice(chosen, BatchLimits())  # it has one: the choice was concat
+    with backends.create("torch", checkpoint_dir=demo_model_dir) as eager:  # no in-place decoder to advise
+        assert batching_advice(eager, BatchLimits()) is None

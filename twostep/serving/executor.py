@@ -431,7 +431,7 @@ def batching_advice(backend, limits: BatchLimits) -> str | None:
     ort-cpu with the plain decoder, the batch's self-attention cache is as wide as its oldest sentence's history
     (every row attends over it and the graph copies it each step), and its throughput measured about static
     batching's at best (docs/benchmarks.md); the in-place decoder attends over each row's own history."""
-    if not (limits.inflight and getattr(backend, "runs_inplace", False) and not backend.inplace):
+    if not (limits.inflight and backend.runs_inplace and not backend.inplace):
         return None
     remedy = ("decode with it (kv_cache 'auto' or 'inplace')" if INPLACE in backend.artifact.variants else
               "export the model with `twostep export --inplace-cache` for ONNX Runtime's in-place decoder")

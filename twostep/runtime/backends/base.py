@@ -25,6 +25,7 @@ class Backend(ABC):
     name: str = "?"
     precision: str = "fp32"  # what it computes in: sets verify's tolerances (fp32, tf32, fp16, int8)
     inplace: bool = False  # decodes with the artifact's in-place decoder (ort-cpu, twostep.exporter.inplace)
+    runs_inplace: bool = False  # would decode with the in-place decoder where the artifact has one
 
     def __init__(self, config: ModelConfig, graphs: dict[str, GraphSpec]):
         self.config, self.graphs = config, graphs
