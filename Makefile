@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 test: setup
+	$(BIN)/lint-imports
+	$(BIN)/ruff check twostep tests benchmarks scripts
 	$(BIN)/python -m pytest
 
 ART := artifacts/demo

@@ -22,9 +22,9 @@ import numpy as np
 
 from twostep.artifact import load_artifact
 from twostep.bench import make_sources
-from twostep.exporter.spec import INPLACE
 from twostep.runtime import decoding
 from twostep.runtime.backends.ort import OrtBackend
+from twostep.runtime.decoding.search import Beam
 
 
 class Timed:
@@ -33,8 +33,17 @@ class Timed:
     def __init__(self, session):
         self.session, self.step_s, self.reorder_s = session, 0.0, 0.0
 
+    def claimed(self):
+        return self.session.claimed()
+
     def start(self, ids, mask):
         self.session.start(ids, mask)
+
+    def admit(self, ids, mask, sources, rows):
+        self.session.admit(ids, mask, sources, rows)
+
+    def release(self, rows):
+        self.session.release(rows)
 
     def step(self, ids):
         started = time.perf_counter()
@@ -48,13 +57,18 @@ class Timed:
         self.reorder_s += time.perf_counter() - started
 
 
-def beam_loop(name: str):
+def beam_loop(name: str, specials: decoding.Specials, beam: int, new_tokens: int):
+    """The search to time, a function of (session, sources): beam search with eos suppressed."""
     if name == "vectorised":
-        return decoding.beam_search
+        options = decoding.DecodeOptions(beam_size=beam, suppress_eos=True)
+        return lambda session, sources: decoding.decode(session, sources, options, specials=specials,
+                                                        max_new_tokens=new_tokens, group=Beam)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from reference_beam import beam_search
 
-    return beam_search
+    return lambda session, sources: beam_search(session, sources, beam_size=beam, bos_id=specials.bos_id,
+                                                eos_id=specials.eos_id, pad_id=specials.pad_id,
+                                                max_new_tokens=new_tokens, suppress_eos=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,18 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=int, default=8, help="profiled steps for the per-op table (0: none)")
     args = p.parse_args(argv)
     artifact = load_artifact(args.artifact)
-    search = beam_loop(args.loop)
+    search = beam_loop(args.loop, decoding.Specials.of(artifact.config), args.beam, args.new_tokens)
     with OrtBackend(artifact, threads=args.threads, kv_cache=args.kv_cache) as backend:
         c = backend.config
         sources = make_sources(c.src_vocab_size, c.eos_id, args.batch, args.src_len)
-        options = dict(beam_size=args.beam, bos_id=c.bos_id, eos_id=c.eos_id, pad_id=c.pad_id,
-                       max_new_tokens=args.new_tokens, suppress_eos=True)
-        search(backend.session(), sources, **options)  # warm-up
+        search(backend.session(), sources)  # warm-up
         session = Timed(backend.session())
         started = time.perf_counter()
-        search(session, sources, **options)
+        search(session, sources)
         total = time.perf_counter() - started
-        decoder = INPLACE if backend.inplace else "decoder"
+        decoder = backend.decoder
     steps = args.new_tokens
     host = total - session.step_s - session.reorder_s
     print(f"{args.artifact.name}, {decoder}, {args.loop} loop, batch {args.batch} beam {args.beam}, {steps} tokens: "

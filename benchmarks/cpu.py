@@ -103,7 +103,7 @@ def prepare(work: Path, threads: int, beam: int) -> dict[str, Path]:
     from benchmarks.ct2_convert import check_same_tokens, convert
     from twostep.artifact import load_artifact
     from twostep.exporter.export import export
-    from twostep.exporter.spec import INPLACE
+    from twostep.artifact.spec import INPLACE
     from twostep.model.init import init_checkpoint
 
     paths = {"ckpt": work / "base", "fp32": work / "base-fp32-inpl", "int8": work / "base-int8-inpl",
@@ -115,7 +115,7 @@ def prepare(work: Path, threads: int, beam: int) -> dict[str, Path]:
         path = paths[dtype]
         if not (path / "manifest.json").is_file() or INPLACE not in load_artifact(path, check_hashes=False).variants:
             console.print(f"export {dtype} (with the in-place decoder)")
-            export(paths["ckpt"], path, dtype=dtype, inplace_cache=True, force=path.exists())
+            export(paths["ckpt"], path, dtype=dtype, variants=[INPLACE], force=path.exists())
     if not (paths["ct2"] / "model.bin").is_file():
         console.print("convert to CTranslate2")
         convert(paths["ckpt"], paths["ct2"])

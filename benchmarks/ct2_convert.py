@@ -22,9 +22,9 @@ import numpy as np
 from ctranslate2.specs import TransformerSpec
 
 from twostep.model.checkpoint import load_checkpoint
-from twostep.model.config import ModelConfig
+from twostep.artifact.config import ModelConfig
 from twostep.runtime import decoding
-from twostep.runtime.torch_session import TorchSession
+from twostep.runtime.backends.torch_backend import TorchSession
 
 SPECIAL = {"pad_id": "<pad>", "unk_id": "<unk>", "bos_id": "<s>", "eos_id": "</s>"}
 
@@ -186,8 +186,8 @@ def check_same_tokens(ckpt_dir, ct2_dir, n: int = 32, src_len: int = 40, seed: i
     c = ckpt.config
     sources = random_sources(c.src_vocab_size, c.eos_id, n, src_len, seed)
     options = decoding.DecodeOptions(beam_size=beam_size, suppress_eos=suppress_eos)
-    ref = [hyps[0].tokens for hyps in decoding.decode(TorchSession(ckpt.model), sources, options, bos_id=c.bos_id,
-                                                      eos_id=c.eos_id, pad_id=c.pad_id, max_new_tokens=max_new_tokens)]
+    ref = [hyps[0].tokens for hyps in decoding.decode(TorchSession(ckpt.model), sources, options,
+                                                      specials=decoding.Specials.of(c), max_new_tokens=max_new_tokens)]
     got = ct2_greedy(ct2_dir, sources, max_new_tokens, compute_type, threads, suppress_eos, beam_size=beam_size)
     return sum(a == b for a, b in zip(ref, got)), n
 

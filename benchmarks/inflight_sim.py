@@ -26,13 +26,13 @@ from benchmarks.serve_load import mixed
 from twostep.artifact import load_artifact
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.decoding import DecodeOptions, Entry, RunningBatch
-from twostep.runtime.translator import Specials, Translator
+from twostep.runtime.translator import Limits, Translator
 
 
-def run(session, specials: Specials, sources: list[list[int]], slots: int, inflight: bool) -> dict:
+def run(session, limits: Limits, sources: list[list[int]], slots: int, inflight: bool) -> dict:
     options = DecodeOptions(suppress_eos=True)
-    limit = Translator(session, specials).max_new_tokens  # each sentence's own: 2 x its length + 16, capped
-    batch = RunningBatch(session, bos_id=specials.bos_id, eos_id=specials.eos_id, pad_id=specials.pad_id)
+    limit = Translator(session, limits).max_new_tokens  # each sentence's own: 2 x its length + 16, capped
+    batch = RunningBatch(session, specials=limits.specials)
     queue, steps, rows, widths, tokens = list(sources), 0, 0, 0, 0
     started = time.perf_counter()
     while queue or batch.sentences:
@@ -62,16 +62,16 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for path in args.artifacts:
         artifact = load_artifact(path)
-        specials = Specials.of(artifact.config, artifact.config.max_positions)
+        limits = Limits.of(artifact.config, artifact.config.max_positions)
         for after in args.between_runs.split(","):
             backend_class = type("Backend", (OrtBackend,), {"spin_between_runs": after == "spin"})
             with backend_class(artifact, threads=args.threads) as backend:
                 session = backend.session()
-                run(session, specials, sources[:16], args.slots, True)  # warm up
+                run(session, limits, sources[:16], args.slots, True)  # warm up
                 results = {"static": [], "inflight": []}
                 for i in range(args.rounds):
                     for mode in ("static", "inflight") if i % 2 == 0 else ("inflight", "static"):
-                        results[mode].append(run(session, specials, sources, args.slots, mode == "inflight"))
+                        results[mode].append(run(session, limits, sources, args.slots, mode == "inflight"))
                 for mode, runs in results.items():
                     m = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
                     print(f"| {path.name} | {'in-place' if backend.inplace else 'plain'} | {after} | {mode} | "

@@ -58,7 +58,7 @@ TWOSTEP = [sys.executable, "-m", "twostep.cli"]
 
 
 def prepare(work: Path, preset: str, inplace: bool = False) -> Path:
-    """The preset's artifact (with the in-place decoder variant: `twostep export --inplace-cache`)."""
+    """The preset's artifact, with the in-place decoder variant or (`--no-inplace-cache`) without."""
     art = work / f"{preset}-{'inplace' if inplace else 'art'}"
     if (art / "manifest.json").is_file():
         return art
@@ -69,7 +69,7 @@ def prepare(work: Path, preset: str, inplace: bool = False) -> Path:
         subprocess.run([*TWOSTEP, "init", "--preset", preset, "--vocab", "32000", "--out", str(ckpt), "--force"],
                        check=True, capture_output=True)
     subprocess.run([*TWOSTEP, "export", str(ckpt), "--out", str(art), "--force",
-                    *(["--inplace-cache"] if inplace else [])], check=True, capture_output=True)
+                    "--inplace-cache" if inplace else "--no-inplace-cache"], check=True, capture_output=True)
     return art
 
 

@@ -45,7 +45,7 @@ def tiny_artifact(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("tiny")
     torch.manual_seed(0)
     ckpt = save_checkpoint(Transformer(preset("tiny", 50, 60, dropout=0.0)), root / "ckpt")
-    export(ckpt, root / "art")
+    export(ckpt, root / "art", variants=[])  # the plain graphs only
     return root / "art", ckpt
 
 
@@ -53,15 +53,15 @@ def tiny_artifact(tmp_path_factory) -> tuple[Path, Path]:
 def demo_artifact(tmp_path_factory, demo_model_dir) -> Path:
     from twostep.exporter.export import export
 
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo") / "art").path
+    return export(demo_model_dir, tmp_path_factory.mktemp("demo") / "art", variants=[]).path  # the plain graphs only
 
 
 @pytest.fixture(scope="session")
 def demo_inplace(tmp_path_factory, demo_model_dir):
-    """The demo model exported with the in-place decoder: (ExportResult)."""
+    """The demo model exported as `twostep export` does by default: with the in-place decoder (ExportResult)."""
     from twostep.exporter.export import export
 
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo-inplace") / "art", inplace_cache=True)
+    return export(demo_model_dir, tmp_path_factory.mktemp("demo-inplace") / "art")
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +72,7 @@ def base_export(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("base")
     ckpt = init_checkpoint(root / "ckpt", "base", 32000)
-    return export(ckpt.path, root / "art")
+    return export(ckpt.path, root / "art", variants=[])  # the plain graphs only
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The beam search that twostep shipped until the step was vectorised (issue 12): one sentence at a time,
-in Python, over a float64 log-softmax of every row. Kept verbatim as the oracle that the vectorised
-`twostep.runtime.decoding.beam_search` must reproduce exactly: the same hypotheses and bit-identical scores."""
+in Python, over a float64 log-softmax of every row. Kept verbatim as the oracle that the vectorised beam search
+(twostep.runtime.decoding.search.Beam, through tests/search.py's `beam_search`) must reproduce exactly: the same
+hypotheses and bit-identical scores."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import torch
 
 import reference_models as ref
 from twostep.model.checkpoint import load_checkpoint
-from twostep.model.evaluate import checkpoint_translator
+from twostep.training.evaluate import checkpoint_translator
 from twostep.model.tasks import get_task
 
 

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
+import search
+from search import SPECIALS
 from twostep.errors import BadInput
-from twostep.runtime import decoding
-from twostep.runtime.torch_session import TorchSession
+from twostep.runtime.backends.torch_backend import TorchSession
+from twostep.runtime.decoding import kernels
 
-COMMON = dict(bos_id=2, eos_id=3, pad_id=0, max_new_tokens=10)
+COMMON = dict(specials=SPECIALS, max_new_tokens=10)
 SOURCES = [[5, 9, 13, 7, 3], [11, 3], [8, 8, 21, 33, 40, 12, 6, 3]]
 
 
 def test_batch_of_different_lengths_equals_one_by_one(tiny_model):
     session = TorchSession(tiny_model)
-    batched = decoding.greedy(session, SOURCES, **COMMON)
-    assert batched == [decoding.greedy(session, [s], **COMMON)[0] for s in SOURCES]
-    beams = decoding.beam_search(session, SOURCES, beam_size=3, n_best=2, **COMMON)
-    singles = [decoding.beam_search(session, [s], beam_size=3, n_best=2, **COMMON)[0] for s in SOURCES]
+    batched = search.greedy(session, SOURCES, **COMMON)
+    assert batched == [search.greedy(session, [s], **COMMON)[0] for s in SOURCES]
+    beams = search.beam_search(session, SOURCES, beam_size=3, n_best=2, **COMMON)
+    singles = [search.beam_search(session, [s], beam_size=3, n_best=2, **COMMON)[0] for s in SOURCES]
     assert [[h.tokens for h in hyps] for hyps in beams] == [[h.tokens for h in hyps] for hyps in singles]
     for got, want in zip(beams, singles):
         np.testing.assert_allclose([h.score for h in got], [h.score for h in want], atol=1e-4)
@@ -26,14 +31,14 @@ def test_batch_of_different_lengths_equals_one_by_one(tiny_model):
 
 def test_beam_of_one_is_greedy(tiny_model):
     session = TorchSession(tiny_model)
-    beams = decoding.beam_search(session, SOURCES, beam_size=1, **COMMON)
-    assert [hyps[0].tokens for hyps in beams] == decoding.greedy(session, SOURCES, **COMMON)
+    beams = search.beam_search(session, SOURCES, beam_size=1, **COMMON)
+    assert [hyps[0].tokens for hyps in beams] == search.greedy(session, SOURCES, **COMMON)
 
 
 def test_beam_scores_are_sorted_and_not_worse_than_greedy(tiny_model):
     session = TorchSession(tiny_model)
-    greedy = decoding.beam_search(session, SOURCES, beam_size=1, length_penalty=0.0, **COMMON)
-    beams = decoding.beam_search(session, SOURCES, beam_size=5, n_best=3, length_penalty=0.0, **COMMON)
+    greedy = search.beam_search(session, SOURCES, beam_size=1, length_penalty=0.0, **COMMON)
+    beams = search.beam_search(session, SOURCES, beam_size=5, n_best=3, length_penalty=0.0, **COMMON)
     for g, hyps in zip(greedy, beams):
         scores = [h.score for h in hyps]
         assert len(hyps) == 3 and scores == sorted(scores, reverse=True)
@@ -41,28 +46,28 @@ def test_beam_scores_are_sorted_and_not_worse_than_greedy(tiny_model):
 
 
 def test_suppressed_eos_gives_fixed_length(tiny_model):
-    out = decoding.greedy(TorchSession(tiny_model), SOURCES, suppress_eos=True, **COMMON)
+    out = search.greedy(TorchSession(tiny_model), SOURCES, suppress_eos=True, **COMMON)
     assert [len(o) for o in out] == [10, 10, 10] and all(3 not in o for o in out)
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(tiny_model):
     session = TorchSession(tiny_model)
-    a = decoding.sample(session, SOURCES, seed=7, temperature=1.5, **COMMON)
-    b = decoding.sample(session, SOURCES, seed=7, temperature=1.5, **COMMON)
-    c = decoding.sample(session, SOURCES, seed=8, temperature=1.5, **COMMON)
+    a = search.sample(session, SOURCES, seed=7, temperature=1.5, **COMMON)
+    b = search.sample(session, SOURCES, seed=7, temperature=1.5, **COMMON)
+    c = search.sample(session, SOURCES, seed=8, temperature=1.5, **COMMON)
     assert a == b and a != c
-    assert decoding.sample(session, SOURCES, seed=1, top_k=1, **COMMON) == decoding.greedy(session, SOURCES, **COMMON)
-    assert decoding.sample(session, SOURCES, seed=1, top_p=1e-6, **COMMON) == decoding.greedy(session, SOURCES, **COMMON)
+    assert search.sample(session, SOURCES, seed=1, top_k=1, **COMMON) == search.greedy(session, SOURCES, **COMMON)
+    assert search.sample(session, SOURCES, seed=1, top_p=1e-6, **COMMON) == search.greedy(session, SOURCES, **COMMON)
 
 
 def test_bad_decoding_options(tiny_model):
     session = TorchSession(tiny_model)
     with pytest.raises(BadInput, match="n_best"):
-        decoding.beam_search(session, SOURCES, beam_size=2, n_best=3, **COMMON)
+        search.beam_search(session, SOURCES, beam_size=2, n_best=3, **COMMON)
     with pytest.raises(BadInput, match="temperature"):
-        decoding.sample(session, SOURCES, temperature=0.0, **COMMON)
+        search.sample(session, SOURCES, temperature=0.0, **COMMON)
     with pytest.raises(BadInput, match="empty"):
-        decoding.greedy(session, [[]], **COMMON)
+        search.greedy(session, [[]], **COMMON)
 
 
 def test_top_candidates_is_a_stable_argsort_prefix():
@@ -106,6 +111,9 @@ class HistorySession:
     def reorder(self, origin, cache_only=False):
         self.rows = [self.rows[i] for i in origin]
 
+    def claimed(self):
+        return contextlib.nullcontext()
+
 
 @pytest.mark.parametrize("vocab", [7, 300, 5000])
 @pytest.mark.parametrize("rounded", [False, True])
@@ -117,10 +125,10 @@ def test_vectorised_beam_search_equals_the_per_sentence_loop_it_replaced(vocab, 
     sources = [[5 + i % 7] * (1 + i % 5) for i in range(7)]
     for seed, (beam, n_best, penalty, suppress) in enumerate(
             [(4, 1, 1.0, False), (4, 4, 0.6, False), (3, 2, 0.0, True), (1, 1, 1.0, False), (6, 3, 1.0, False)]):
-        options = dict(beam_size=beam, n_best=n_best, length_penalty=penalty, suppress_eos=suppress, bos_id=2,
-                       eos_id=3, pad_id=0, max_new_tokens=12)
-        want = reference(HistorySession(vocab, seed, rounded), sources, **options)
-        got = decoding.beam_search(HistorySession(vocab, seed, rounded), sources, **options)
+        options = dict(beam_size=beam, n_best=n_best, length_penalty=penalty, suppress_eos=suppress, max_new_tokens=12)
+        want = reference(HistorySession(vocab, seed, rounded), sources, bos_id=SPECIALS.bos_id,
+                         eos_id=SPECIALS.eos_id, pad_id=SPECIALS.pad_id, **options)
+        got = search.beam_search(HistorySession(vocab, seed, rounded), sources, specials=SPECIALS, **options)
         assert [[(h.tokens, h.score) for h in hyps] for hyps in got] == \
             [[(h.tokens, h.score) for h in hyps] for hyps in want]
 
@@ -136,7 +144,7 @@ def test_beam_candidates_are_a_stable_argsort_prefix_over_each_sentence():
         x = logits.astype(np.float64)
         logp = (x - x.max(-1, keepdims=True)) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
         total = (scores[:, :, None] + logp.reshape(sentences, k, vocab)).reshape(sentences, -1)
-        got_total, got_flat = decoding.beam_candidates(logits.copy(), scores, n)
+        got_total, got_flat = kernels.beam_candidates(logits.copy(), scores, n)
         for j in range(sentences):
             order = np.argsort(-total[j], kind="stable")[:n]
             order = order[total[j, order] > -np.inf]
@@ -147,8 +155,40 @@ def test_beam_candidates_are_a_stable_argsort_prefix_over_each_sentence():
 
 def test_log_normalisers_of_a_large_batch_split_in_two_threads_are_those_of_one_pass():
     logits = np.random.default_rng(2).standard_normal((37, 40000)).astype(np.float32) * 4
-    assert logits.size >= decoding.PARALLEL_ELEMENTS
-    top, lse = decoding.row_log_normalisers(logits)
+    assert logits.size >= kernels.PARALLEL_ELEMENTS
+    with ThreadPoolExecutor(1) as helper:
+        top, lse = kernels.row_log_normalisers(logits, helper=helper)
     x = logits.astype(np.float64)
     np.testing.assert_array_equal(top, x.max(-1))
     np.testing.assert_array_equal(lse, np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)))
+
+
+def test_specials_of_a_config_are_its_ids_and_a_forced_prefix_is_refused_not_ignored(tiny_model):
+    from twostep.runtime.decoding import RunningBatch, Specials
+
+    c = tiny_model.config
+    specials = Specials.of(c)
+    assert (specials.pad_id, specials.bos_id, specials.eos_id, specials.unk_id) == (c.pad_id, c.bos_id, c.eos_id,
+                                                                                  c.unk_id)
+    assert specials.prefix == ()  # no model forces tokens after bos today
+    with pytest.raises(ValueError, match="prefix"):
+        RunningBatch(TorchSession(tiny_model), specials=Specials(0, 2, 3, 1, prefix=(7,)))
+
+
+def test_a_wide_beam_group_splits_its_normalisers_on_a_thread_of_its_own_that_ends_with_it():
+    """No module-level pool: the group starts its helper thread once its logits reach PARALLEL_ELEMENTS, and
+    it is gone when the decode returns; each sentence decodes as it does alone (no helper)."""
+    import threading
+
+    vocab, sources = 40000, [[5 + i, 3] for i in range(8)]
+    assert 8 * 4 * vocab >= kernels.PARALLEL_ELEMENTS > 4 * vocab
+    session, seen = HistorySession(vocab, 0, False), []
+    step = session.step
+    session.step = lambda ids: (seen.append([t.name for t in threading.enumerate()]), step(ids))[1]
+    got = search.beam_search(session, sources, beam_size=4, n_best=2, specials=SPECIALS, max_new_tokens=3)
+    assert any(name.startswith("twostep-beam") for names in seen for name in names)
+    assert not any(t.name.startswith("twostep-beam") for t in threading.enumerate())
+    alone = [search.beam_search(HistorySession(vocab, 0, False), [s], beam_size=4, n_best=2, specials=SPECIALS,
+                                max_new_tokens=3)[0] for s in sources]
+    assert [[(h.tokens, h.score) for h in hyps] for hyps in got] == \
+        [[(h.tokens, h.score) for h in hyps] for hyps in alone]

@@ -14,7 +14,7 @@ from twostep.errors import BadInput, Overloaded
 from twostep.runtime import backends
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.tokenizer import Tokenizer
-from twostep.runtime.translator import Specials, Translator
+from twostep.runtime.translator import Limits, Translator
 from twostep.serving.executor import BatchingTranslator, BatchLimits, Metrics, batching_advice
 
 
@@ -47,6 +47,9 @@ class Recorder:
     def release(self, rows):
         self.inner.release(rows)
 
+    def claimed(self):
+        return self.inner.claimed()
+
 
 class Counting(Metrics):
     def __init__(self):
@@ -74,12 +77,12 @@ def demo(demo_artifact):
 
 def make(demo, **limits) -> tuple[BatchingTranslator, Recorder, Counting]:
     """An executor over a recording session (the express lane's, if any, is `session.express`); in-flight
-    batching (the default) unless the test says otherwise."""
+    batching (the default) unless the test says otherwise. Not started: `with` (or start()) starts it."""
     artifact, backend = demo
     session, metrics = Recorder(backend.session()), Counting()
     session.express = Recorder(backend.session()) if limits.get("express_tokens") else None
     tokenizer = Tokenizer(artifact.tokenizer_path)
-    ex = BatchingTranslator(session, Specials.of(artifact.config), tokenizer, limits=BatchLimits(**limits),
+    ex = BatchingTranslator(session, Limits.of(artifact.config), tokenizer, limits=BatchLimits(**limits),
                             metrics=metrics, express_session=session.express)
     return ex, session, metrics
 
@@ -99,7 +102,7 @@ def test_sentences() -> list[str]:
 def sequential(demo, requests, options) -> list:
     """Each request alone, one after another, through the plain Translator: what callers must get."""
     artifact, backend = demo
-    plain = Translator(backend.session(), Specials.of(artifact.config), Tokenizer(artifact.tokenizer_path))
+    plain = Translator(backend.session(), Limits.of(artifact.config), Tokenizer(artifact.tokenizer_path))
     return [plain.translate_nbest(texts, options) for texts in requests]
 
 
@@ -233,10 +236,11 @@ def test_cancelling_a_request_frees_its_rows(demo, test_sentences):
 
 def test_close_answers_what_was_queued(demo, sentences):
     ex, session, _ = make(demo, max_wait_ms=50)
+    ex.start()
     futures = [ex.submit_ids(ex.encode([s])) for s in sentences[:10]]
     ex.close()
     assert all(f.done() and len(f.result()) == 1 for f in futures)
-    assert not ex.worker.is_alive()
+    assert not ex.engine.worker.is_alive()
 
 
 def test_batches_respect_the_token_and_row_budgets(demo, sentences):
@@ -245,6 +249,37 @@ def test_batches_respect_the_token_and_row_budgets(demo, sentences):
         list(pool.map(lambda s: ex.translate([s], DecodeOptions(beam_size=2)), sentences[:24]))
     assert all(rows <= 8 for _, rows in metrics.batches)
     assert max(rows for _, rows in metrics.batches) > 2
+
+
+def test_the_worker_starts_in_start_not_when_it_is_made(demo):
+    artifact, backend = demo
+
+    def batchers() -> int:
+        return sum(thread.name == "twostep-batcher" for thread in threading.enumerate())
+
+    before = batchers()
+    ex = BatchingTranslator(backend.session(), Limits.of(artifact.config))
+    assert ex.engine.worker is None and batchers() == before
+    with pytest.raises(RuntimeError, match="not started"):  # it would wait forever
+        ex.submit_ids([[5, 3]])
+    with ex:
+        assert ex.engine.worker.is_alive() and batchers() == before + 1
+        assert ex.decode_ids([[5, 3]], timeout=30)
+    assert not ex.engine.worker.is_alive()
+
+
+def test_limits_from_key_value_strings_convert_by_field_type():
+    assert BatchLimits.from_strings({"max_wait_ms": "2.5", "max_batch_rows": "8", "batching": "static"}) == \
+        BatchLimits(max_wait_ms=2.5, max_batch_rows=8, inflight=False)
+    assert BatchLimits.from_strings({}) == BatchLimits()
+    with pytest.raises(BadInput, match=r"unknown batching limits \['inflight'\]: the limits are batching, "):
+        BatchLimits.from_strings({"inflight": "true"})
+    with pytest.raises(BadInput, match=r"max_queue takes a number \(int\), got 'many'"):
+        BatchLimits.from_strings({"max_queue": "many"})
+    with pytest.raises(BadInput, match="batching takes inflight or static"):
+        BatchLimits.from_strings({"batching": "eager"})
+    with pytest.raises(BadInput, match="express_tokens must be 0"):
+        BatchLimits.from_strings({"express_tokens": "-1"})
 
 
 def test_bad_limits_are_one_bad_input():
@@ -257,11 +292,11 @@ def test_bad_limits_are_one_bad_input():
 def test_an_express_lane_needs_a_session_of_its_own(demo):
     artifact, backend = demo
     with pytest.raises(ValueError, match="pass express_session"):
-        BatchingTranslator(backend.session(), Specials.of(artifact.config), limits=BatchLimits(express_tokens=8))
-    static = BatchingTranslator(backend.session(), Specials.of(artifact.config),  # static batching has none
+        BatchingTranslator(backend.session(), Limits.of(artifact.config), limits=BatchLimits(express_tokens=8))
+    static = BatchingTranslator(backend.session(), Limits.of(artifact.config),  # static batching has none
                                 limits=BatchLimits(express_tokens=8, inflight=False))
     static.close()
-    assert static.express_session is None
+    assert static.engine.express_session is None
 
 
 @pytest.mark.parametrize("share", [0.5, 0.99])
@@ -338,14 +373,12 @@ def test_a_sentence_that_arrives_mid_batch_joins_it_at_the_next_step_unless_batc
 
 
 def test_a_session_busy_in_another_thread_stops_the_worker_and_refuses_instead_of_hanging(demo):
-    from twostep.runtime import decoding
-
     artifact, backend = demo
     session = backend.session()
-    with decoding.exclusive(session):  # someone else decodes on it
-        ex = BatchingTranslator(session, Specials.of(artifact.config))
-        ex.worker.join(30)
-    assert not ex.worker.is_alive()
+    with session.claimed():  # someone else decodes on it
+        ex = BatchingTranslator(session, Limits.of(artifact.config)).start()
+        ex.engine.worker.join(30)
+    assert not ex.engine.worker.is_alive()
     with pytest.raises(Overloaded, match="shutting down"):
         ex.submit_ids([[5, 3]])
 

@@ -129,3 +129,28 @@ def test_int8_export_agrees_with_fp32_eager_and_a_broken_int8_path_fails(demo_in
     (art / "manifest.json").write_text(json.dumps(manifest))
     broken = verify(art, demo_model_dir, "ort-cpu", beam_size=2, limit=100)
     assert not broken.ok and broken.sequences[0].share < 0.99
+
+
+def test_a_default_export_carries_the_in_place_decoder_that_ort_cpu_and_serve_decode_with(demo_inplace):
+    """The fast path is the default: written wherever the model allows it, its shared weights stored once (as
+    external data inside decoder.onnx, which stays what other runtimes read), chosen by ort-cpu, and a server
+    batching in flight on it has nothing to warn about."""
+    from twostep.artifact.spec import INPLACE
+    from twostep.artifact.trust import external_data_locations
+    from twostep.runtime.backends.ort import OrtBackend
+    from twostep.serving.executor import BatchLimits, batching_advice
+
+    art = load_artifact(demo_inplace.path)
+    assert list(art.variants) == [INPLACE]
+    assert external_data_locations(art.graph_file(INPLACE)) == {"decoder.onnx"}
+    assert external_data_locations(art.graph_file("decoder")) == set()
+    plain = sum(art.graph_file(g).stat().st_size for g in art.graphs)
+    assert art.graph_file(INPLACE).stat().st_size < 0.15 * plain  # the packed projections, not a second decoder
+    with OrtBackend(art) as backend:
+        assert backend.decoder == INPLACE and batching_advice(backend, BatchLimits()) is None
+
+
+def test_no_inplace_cache_writes_the_plain_graphs_only(tiny_ckpt, tmp_path):
+    assert twostep("export", tiny_ckpt, "--out", tmp_path / "art", "--no-inplace-cache").returncode == 0
+    assert load_artifact(tmp_path / "art").variants == {}
+    assert not (tmp_path / "art" / "decoder_inplace.onnx").exists()

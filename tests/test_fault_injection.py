@@ -26,11 +26,11 @@ from twostep.files import OLD, TMP
 from twostep.model.checkpoint import save_checkpoint
 from twostep.model.config import preset
 from twostep.model.transformer import Transformer
-from twostep.runtime import decoding
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
-from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.decoding import DecodeOptions, Specials, decode
 from twostep.runtime.translator import open_translator
+from search import SPECIALS, greedy
 from test_cli import assert_user_error, twostep
 from test_outputs import leftovers
 
@@ -59,10 +59,10 @@ def assert_whole_and_verifiable(art, ckpt) -> None:
     artifact = load_artifact(art)
     model = load_checkpoint(ckpt).model
     c = artifact.config
-    common = dict(bos_id=c.bos_id, eos_id=c.eos_id, pad_id=c.pad_id, max_new_tokens=12)
+    common = dict(specials=Specials.of(c), max_new_tokens=12)
     with OrtBackend(artifact) as onnx_backend, TorchBackend(model) as eager:
-        assert (decoding.greedy(onnx_backend.session(), SOURCES, **common)
-                == decoding.greedy(eager.session(), SOURCES, **common))
+        assert (greedy(onnx_backend.session(), SOURCES, **common)
+                == greedy(eager.session(), SOURCES, **common))
 
 
 def export_cli(ckpt, out, *extra) -> subprocess.Popen:
@@ -196,18 +196,18 @@ def test_a_step_session_shared_by_threads_refuses_the_second_caller(tiny_artifac
             return step(ids)
 
         session.step = slow_step
-        common = dict(bos_id=2, eos_id=3, pad_id=0, max_new_tokens=5)
+        common = dict(specials=SPECIALS, max_new_tokens=5)
         first: list = []
         worker = threading.Thread(target=lambda: first.append(
-            decoding.decode(session, SOURCES, DecodeOptions(), **common)))
+            decode(session, SOURCES, DecodeOptions(), **common)))
         worker.start()
         assert inside.wait(timeout=30)
         with pytest.raises(SessionBusy, match="decoding in another thread"):
-            decoding.decode(session, SOURCES, DecodeOptions(), **common)
+            decode(session, SOURCES, DecodeOptions(), **common)
         release.set()
         worker.join(timeout=60)
         session.step = step
-        assert first == [decoding.decode(session, SOURCES, DecodeOptions(), **common)]
+        assert first == [decode(session, SOURCES, DecodeOptions(), **common)]
 
 
 def test_backend_run_is_safe_from_many_threads(tiny_artifact):

@@ -21,10 +21,11 @@ import pytest
 from twostep.artifact import load_artifact
 from twostep.errors import BackendUnavailable, BadInput
 from twostep.runtime import backends, decoding
+from search import SPECIALS, beam_search, greedy
 from twostep.runtime.backends.ort import OrtBackend, OrtCudaBackend, OrtTrtBackend
 from twostep.runtime.backends.profile import Profile
 
-COMMON = dict(bos_id=2, eos_id=3, pad_id=0)
+COMMON = dict(specials=SPECIALS)
 SOURCES = [[5, 9, 13, 7, 3], [11, 3], [8, 8, 21, 33, 40, 12, 6, 3]]
 
 
@@ -164,7 +165,7 @@ def test_a_shape_tensorrt_refuses_is_a_bad_input_naming_axis_value_and_max(fake_
             backend.execute("encoder", inputs)  # set_input_shape said False: checked, not ignored
         assert ("set_input_shape", "input_ids", (5, 3)) in fake_trt.calls
         with pytest.raises(BadInput, match=r"batch 8 is outside the engine profile \(1..4\).*--max-batch"):
-            decoding.beam_search(backend.session(), SOURCES[:2], beam_size=4, max_new_tokens=5, **COMMON)
+            beam_search(backend.session(), SOURCES[:2], beam_size=4, max_new_tokens=5, **COMMON)
 
 
 def test_verify_bench_and_translate_size_the_profile_for_batch_times_beam(fake_trt, demo_copy, demo_model_dir):
@@ -231,13 +232,13 @@ def test_ort_trt_options_name_each_graph_input_once_and_the_cache_exists(demo_co
 
 # -- 6. The array graphs' IR version ------------------------------------------------------------------------
 def test_array_models_are_never_newer_than_the_exported_graphs(demo_artifact, demo_int8):
-    from twostep.runtime.backends.ort_cuda import array_model
+    from twostep.runtime.backends.iobinding import array_model
 
     data = np.arange(24).reshape(4, 3, 2)
     for art in (demo_artifact, demo_int8):
         artifact = load_artifact(art)
         graph = onnx.load(str(artifact.graph_file("decoder")), load_external_data=False)
-        opset = artifact.manifest["opset"]
+        opset = artifact.manifest.opset
         for dtype in ("float32", "float16", "int64"):
             x = data.astype(dtype)
             cases = {"take": ({"indices": np.array([2, 2, 0]), "starts": np.array([1]), "ends": np.array([3]),
@@ -256,7 +257,7 @@ def test_array_models_are_never_newer_than_the_exported_graphs(demo_artifact, de
 
 # -- 7. Beam reorder work -----------------------------------------------------------------------------------
 def test_beam_search_expands_cross_kv_once_then_reorders_only_the_self_cache(demo_artifact):
-    from twostep.runtime.backends.ort_cuda import IoBindingSession
+    from twostep.runtime.backends.iobinding import IoBindingSession
 
     with OrtBackend(load_artifact(demo_artifact)) as backend:
         layers = backend.config.n_decoder_layers
@@ -272,7 +273,7 @@ def test_beam_search_expands_cross_kv_once_then_reorders_only_the_self_cache(dem
             reorders.append((cache_only, len(runs) - before))
 
         bound.reorder = reorder
-        got = decoding.beam_search(bound, SOURCES, beam_size=4, max_new_tokens=12, **COMMON)
+        got = beam_search(bound, SOURCES, beam_size=4, max_new_tokens=12, **COMMON)
         assert reorders[0] == (False, 2 * layers + 2 * layers + 1)  # self K/V, cross K/V, mask: expanded once
         assert len(reorders) > 2 and all(r == (True, 2 * layers) for r in reorders[1:])  # then self K/V only
 
@@ -287,7 +288,7 @@ def test_beam_search_expands_cross_kv_once_then_reorders_only_the_self_cache(dem
             return original_step(tokens)
 
         host.step = step
-        want = decoding.beam_search(host, SOURCES, beam_size=4, max_new_tokens=12, **COMMON)
+        want = beam_search(host, SOURCES, beam_size=4, max_new_tokens=12, **COMMON)
     assert [[h.tokens for h in x] for x in got] == [[h.tokens for h in x] for x in want]
 
 
@@ -296,8 +297,8 @@ def test_empty_tensors_get_distinct_non_null_addresses(fake_trt, demo_copy):
     from twostep.runtime.backends.trt import TrtBackend
 
     with TrtBackend(load_artifact(demo_copy)) as backend, OrtBackend(load_artifact(demo_copy)) as cpu:
-        got = decoding.greedy(backend.session(), SOURCES, max_new_tokens=12, **COMMON)
-        assert got == decoding.greedy(cpu.session(), SOURCES, max_new_tokens=12, **COMMON)
+        got = greedy(backend.session(), SOURCES, max_new_tokens=12, **COMMON)
+        assert got == greedy(cpu.session(), SOURCES, max_new_tokens=12, **COMMON)
     first_step = next(c[2] for c in fake_trt.calls if c[0] == "execute" and c[1].endswith("decoder.onnx"))
     assert all(first_step.values()), "a null address"
     assert len(set(first_step.values())) == len(first_step), "two tensors share an address"

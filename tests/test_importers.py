@@ -9,11 +9,12 @@ import torch
 import torch.nn.functional as F
 
 import reference_models as ref
+from search import greedy
 from twostep.errors import BadCheckpoint
 from twostep.model.checkpoint import load_checkpoint
 from twostep.model.importers import ImportOptions, import_state_dict_file
-from twostep.runtime import decoding
-from twostep.runtime.torch_session import TorchSession
+from twostep.runtime.backends.torch_backend import TorchSession
+from twostep.runtime.decoding import Specials
 
 PAD, BOS, EOS = 0, 2, 3
 SRC_V, TGT_V = 37, 41
@@ -101,7 +102,8 @@ def test_greedy_tokens_match_foreign_model(imported):
     with torch.no_grad():
         expected = ref.reference_greedy(lambda s, ys: scores_fn(s, ys, mask_tgt_pad=False), src, BOS, EOS, 12)
     sources = [src[row, :n].tolist() for row, n in enumerate(lengths)]
-    got = decoding.greedy(TorchSession(ours), sources, bos_id=BOS, eos_id=EOS, pad_id=PAD, max_new_tokens=12)
+    got = greedy(TorchSession(ours), sources, specials=Specials(pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=1),
+                 max_new_tokens=12)
     assert got == expected
 
 

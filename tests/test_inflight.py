@@ -18,7 +18,7 @@ from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
 from twostep.runtime.decoding import DecodeOptions, Entry, RunningBatch, decode
-from twostep.runtime.translator import Specials
+from twostep.runtime.translator import Limits
 from twostep.verify import test_sources as split_sources
 
 OPTIONS = {"greedy": DecodeOptions(), "beam4": DecodeOptions(beam_size=4, n_best=2)}
@@ -53,23 +53,26 @@ class Spy:
     def step(self, input_ids):
         return self.inner.step(input_ids)
 
+    def claimed(self):
+        return self.inner.claimed()
 
-def limit_of(specials: Specials, source: list[int]) -> int:
-    return min(2 * len(source) + 16, specials.max_positions)
+
+def limit_of(limits: Limits, source: list[int]) -> int:
+    return min(2 * len(source) + 16, limits.max_positions)
 
 
-def drive(session, sources: list[list[int]], options: DecodeOptions, specials: Specials,
+def drive(session, sources: list[list[int]], options: DecodeOptions, limits: Limits,
           first: int = 6) -> list:
     """`first` sentences start a batch; then before each step the next 0-3 join (1, 2, 3, 0, ...) until all
     have; until the batch is empty. Returns each sentence's hypotheses."""
-    batch = RunningBatch(session, bos_id=specials.bos_id, eos_id=specials.eos_id, pad_id=specials.pad_id)
+    batch = RunningBatch(session, specials=limits.specials)
     results: list = [None] * len(sources)
     waiting = list(range(len(sources)))
     joins = itertools.cycle([1, 2, 3, 0])
     take = first
     while waiting or batch.sentences:
         joining, waiting = waiting[:take], waiting[take:]
-        finished = batch.add([Entry(sources[i], options, limit_of(specials, sources[i]), i) for i in joining])
+        finished = batch.add([Entry(sources[i], options, limit_of(limits, sources[i]), i) for i in joining])
         if batch.sentences:
             finished += batch.step()
         for i, hyps in finished:
@@ -81,18 +84,17 @@ def drive(session, sources: list[list[int]], options: DecodeOptions, specials: S
 @pytest.fixture(scope="module")
 def demo(demo_artifact, demo_model_dir):
     art = load_artifact(demo_artifact)
-    return art, split_sources(art, None), Specials.of(art.config, art.config.max_positions), \
+    return art, split_sources(art, None), Limits.of(art.config, art.config.max_positions), \
         load_checkpoint(demo_model_dir).model
 
 
 @pytest.fixture(scope="module")
 def eager_static(demo):
     """Eager PyTorch, the whole split in one static batch, each sentence with its own limit."""
-    art, sources, specials, model = demo
+    art, sources, limits, model = demo
     with TorchBackend(model) as eager:
-        return {name: decode(eager.session(), sources, options, bos_id=specials.bos_id, eos_id=specials.eos_id,
-                             pad_id=specials.pad_id, max_new_tokens=0,
-                             limits=[limit_of(specials, s) for s in sources])
+        return {name: decode(eager.session(), sources, options, specials=limits.specials, max_new_tokens=0,
+                             limits=[limit_of(limits, s) for s in sources])
                 for name, options in OPTIONS.items()}
 
 
@@ -106,12 +108,12 @@ def scores(results) -> list:
 
 @pytest.mark.parametrize("name", OPTIONS)
 def test_alone_matches_a_static_batch_in_eager_pytorch(demo, eager_static, name):
-    art, sources, specials, model = demo
+    art, sources, limits, model = demo
     some = sources[:: max(len(sources) // 24, 1)]  # every kind of length, one at a time
     with TorchBackend(model) as eager:
         session = eager.session()
-        alone = [decode(session, [s], OPTIONS[name], bos_id=specials.bos_id, eos_id=specials.eos_id,
-                        pad_id=specials.pad_id, max_new_tokens=limit_of(specials, s))[0] for s in some]
+        alone = [decode(session, [s], OPTIONS[name], specials=limits.specials,
+                        max_new_tokens=limit_of(limits, s))[0] for s in some]
     want = eager_static[name][:: max(len(sources) // 24, 1)]
     assert tokens(alone) == tokens(want)
     assert scores(alone) == pytest.approx(scores(want), abs=1e-4)
@@ -121,7 +123,7 @@ def test_alone_matches_a_static_batch_in_eager_pytorch(demo, eager_static, name)
 @pytest.mark.parametrize("backend", ["ort-cpu", "ort-cpu-inplace", "torch"])
 def test_sentences_joining_a_running_batch_decode_as_eager_pytorch_does(demo, demo_inplace, eager_static,
                                                                          backend, name):
-    art, sources, specials, model = demo
+    art, sources, limits, model = demo
     if backend == "torch":
         opened = TorchBackend(model)
     else:
@@ -129,7 +131,7 @@ def test_sentences_joining_a_running_batch_decode_as_eager_pytorch_does(demo, de
     with opened as be:
         assert backend != "ort-cpu-inplace" or be.inplace
         spy = Spy(be.session())
-        got = drive(spy, sources, OPTIONS[name], specials)
+        got = drive(spy, sources, OPTIONS[name], limits)
     # every way in was taken: a batch started afresh, rows reused, new rows added, compactions
     assert spy.starts >= 1 and spy.reused > 0 and spy.compactions > 0
     want = eager_static[name]
@@ -157,12 +159,12 @@ def test_sentences_joining_a_running_batch_on_a_gpu_decode_as_eager_pytorch_does
     """The device paths (rows moved by ONNX Runtime graphs or torch on the GPU): scripts/gpu-check runs it."""
     from twostep.runtime import backends
 
-    art, sources, specials, model = demo
+    art, sources, limits, model = demo
     opened = (TorchBackend(model, device="cuda") if gpu_backend == "torch-cuda"
               else backends.create(gpu_backend, artifact=art))
     with opened as be:
         spy = Spy(be.session())
-        got = drive(spy, sources, OPTIONS[name], specials)
+        got = drive(spy, sources, OPTIONS[name], limits)
     assert spy.reused > 0 and spy.compactions > 0
     assert tokens(got) == tokens(eager_static[name])
     assert scores(got) == pytest.approx(scores(eager_static[name]), abs=1e-3)
@@ -170,14 +172,14 @@ def test_sentences_joining_a_running_batch_on_a_gpu_decode_as_eager_pytorch_does
 
 def test_limits_and_options_per_sentence_in_one_running_batch(demo, eager_static):
     """Greedy and beam sentences in one batch, each joining at a different step, each with its own limit."""
-    art, sources, specials, model = demo
+    art, sources, limits, model = demo
     some = sources[:40]
     with OrtBackend(art, threads=2) as be:
-        batch = RunningBatch(be.session(), bos_id=specials.bos_id, eos_id=specials.eos_id, pad_id=specials.pad_id)
+        batch = RunningBatch(be.session(), specials=limits.specials)
         results: dict = {}
         for i, s in enumerate(some):
             name = "beam4" if i % 3 == 0 else "greedy"
-            for owner, hyps in batch.add([Entry(s, OPTIONS[name], limit_of(specials, s), (name, i))]):
+            for owner, hyps in batch.add([Entry(s, OPTIONS[name], limit_of(limits, s), (name, i))]):
                 results[owner] = hyps
             for owner, hyps in batch.step():
                 results[owner] = hyps

@@ -15,8 +15,8 @@ import torch
 from test_cli import assert_user_error, twostep
 from twostep.artifact import load_artifact
 from twostep.errors import BadArtifact, BadInput
-from twostep.exporter.spec import INPLACE, INPLACE_FILE
-from twostep.exporter.validate import compare_inplace
+from twostep.artifact.spec import INPLACE, INPLACE_FILE
+from twostep.exporter.validate import compare_sessions
 from twostep.model.checkpoint import load_checkpoint, save_checkpoint
 from twostep.model.config import preset
 from twostep.model.transformer import Transformer
@@ -24,7 +24,7 @@ from twostep.runtime.backends.inplace import FIRST_CAPACITY, InplaceSession
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
 from twostep.runtime.decoding import DecodeOptions
-from twostep.runtime.translator import Specials, Translator
+from twostep.runtime.translator import Limits, Translator
 from twostep.verify import test_sources as split_sources
 
 
@@ -32,10 +32,10 @@ def test_export_adds_the_variant_beside_unchanged_plain_graphs(demo_inplace, dem
     art = load_artifact(demo_inplace.path)
     plain = load_artifact(demo_artifact)
     assert art.graphs == plain.graphs  # the contract of TensorRT, C++ and other runtimes is untouched
-    assert art.manifest["graphs"] == plain.manifest["graphs"]
+    assert art.manifest.to_json()["graphs"] == plain.manifest.to_json()["graphs"]
     assert list(art.variants) == [INPLACE]
-    entry = art.manifest["variants"][INPLACE]
-    assert entry["file"] == INPLACE_FILE and entry["file"] in art.manifest["files"]
+    entry = art.manifest.to_json()["variants"][INPLACE]
+    assert entry["file"] == INPLACE_FILE and entry["file"] in art.manifest.files
     assert entry["ops"] == ["com.microsoft.GroupQueryAttention"]
     assert [t["shape"] for t in entry["inputs"] if t["name"] == "past_key_self_0"] == [["batch", 4, "capacity", 32]]
     # validated step by step at export, within fp32 tolerance
@@ -56,8 +56,8 @@ def test_decodes_the_whole_test_split_like_eager_pytorch(demo_inplace, demo_mode
     options = DecodeOptions(beam_size=beam, n_best=min(beam, 2))
     with OrtBackend(art) as inplace, OrtBackend(art, kv_cache="concat") as concat, \
             TorchBackend(load_checkpoint(demo_model_dir).model) as eager:
-        specials = Specials.of(art.config, art.config.max_positions)
-        runs = [Translator(b.session(), specials, batch_size=32, options=options).decode_ids(sources)
+        model_limits = Limits.of(art.config, art.config.max_positions)
+        runs = [Translator(b.session(), model_limits, batch_size=32, options=options).decode_ids(sources)
                 for b in (inplace, concat, eager)]
     tokens = [[[h.tokens for h in hyps] for hyps in run] for run in runs]
     assert len(sources) == 1000
@@ -68,10 +68,10 @@ def test_decodes_the_whole_test_split_like_eager_pytorch(demo_inplace, demo_mode
 
 
 def test_sessions_agree_with_eager_through_reorders_leaving_rows_and_growth(demo_inplace, demo_model_dir):
-    """compare_inplace is what export and verify run; here with a failure shown to be possible."""
+    """compare_sessions is what export and verify run; here with a failure shown to be possible."""
     art = load_artifact(demo_inplace.path)
     with OrtBackend(art) as candidate, TorchBackend(load_checkpoint(demo_model_dir).model) as reference:
-        report = compare_inplace(candidate, reference, "fp32")
+        report = compare_sessions(candidate, reference, "fp32")
         assert report.ok, report.failures
         assert report.cases == 6 and report.max_error["decoder_inplace.logits"] < 1e-4
         assert 38 + 3 > FIRST_CAPACITY  # the schedule outgrows the first buffer
@@ -81,8 +81,8 @@ def test_sessions_agree_with_eager_through_reorders_leaving_rows_and_growth(demo
                 if not cache_only:
                     super().reorder(origin, cache_only)
 
-        broken = type("B", (), {"session": lambda self: Broken(candidate), "config": candidate.config})()
-        assert not compare_inplace(broken, reference, "fp32").ok
+        broken = type("B", (), {"session": lambda self: Broken(candidate), "config": candidate.config, "decoder": candidate.decoder})()
+        assert not compare_sessions(broken, reference, "fp32").ok
 
 
 def test_buffer_grows_to_max_positions_and_no_further(demo_inplace):
@@ -165,7 +165,7 @@ def test_int8_in_place_decoder_agrees_with_fp32_eager(tmp_path, demo_model_dir):
     from twostep.exporter.export import export
     from twostep.verify import verify
 
-    result = export(demo_model_dir, tmp_path / "int8", dtype="int8", inplace_cache=True)
+    result = export(demo_model_dir, tmp_path / "int8", dtype="int8", variants=["decoder_inplace"])
     report = verify(result.path, demo_model_dir, limit=300)
     assert report.ok, report.to_dict()
     assert "decoder_inplace.logits" in report.graphs.max_error
@@ -202,12 +202,12 @@ def test_the_batching_executor_decodes_with_it_as_sentences_come_and_leave(demo_
     art = load_artifact(demo_inplace.path)
     sources = split_sources(art, 64)
     options = DecodeOptions(beam_size=beam)
-    specials = Specials.of(art.config, art.config.max_positions)
+    model_limits = Limits.of(art.config, art.config.max_positions)
     with TorchBackend(load_checkpoint(demo_model_dir).model) as eager:
-        want = Translator(eager.session(), specials, batch_size=64, options=options).decode_ids(sources)
+        want = Translator(eager.session(), model_limits, batch_size=64, options=options).decode_ids(sources)
     with OrtBackend(art, threads=2) as backend:
         assert backend.inplace
-        ex = BatchingTranslator(backend.session(), specials, limits=BatchLimits(max_wait_ms=50, inflight=True),
+        ex = BatchingTranslator(backend.session(), model_limits, limits=BatchLimits(max_wait_ms=50, inflight=True),
                                 options=options)
         with ex, ThreadPoolExecutor(max_workers=16) as pool:
             got = list(pool.map(lambda s: ex.decode_ids([s])[0], sources))

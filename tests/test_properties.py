@@ -16,9 +16,9 @@ from num2words import num2words
 
 from twostep.artifact import load_artifact
 from twostep.errors import BadArtifact, BadInput
-from twostep.runtime import decoding
-from twostep.runtime.decoding import DecodeOptions
-from twostep.runtime.translator import Specials, Translator, open_translator
+import search
+from twostep.runtime.decoding import DecodeOptions, Specials
+from twostep.runtime.translator import Limits, Translator, open_translator
 from conftest import translate_cpp
 
 bounded = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -42,7 +42,7 @@ def tiny_backend(tiny_artifact):
 
 
 def translator_with(backend, tokenizer, options: DecodeOptions, batch_size: int = 32) -> Translator:
-    return Translator(backend.session(), Specials.of(backend.config), tokenizer, batch_size, options)
+    return Translator(backend.session(), Limits.of(backend.config), tokenizer, batch_size, options)
 
 
 def assert_well_formed(results, sources, options: DecodeOptions, config) -> None:
@@ -141,9 +141,9 @@ def test_beam_1_equals_greedy(demo, tiny_backend, texts, model):
         sources = [rng.integers(4, 50, len(s)).tolist() + [3] for s in sources]
         backend = tiny_backend
     c = backend.config
-    common = dict(bos_id=c.bos_id, eos_id=c.eos_id, pad_id=c.pad_id, max_new_tokens=40)
-    greedy = decoding.greedy(backend.session(), sources, **common)
-    beam = decoding.beam_search(backend.session(), sources, beam_size=1, **common)
+    common = dict(specials=Specials.of(c), max_new_tokens=40)
+    greedy = search.greedy(backend.session(), sources, **common)
+    beam = search.beam_search(backend.session(), sources, beam_size=1, **common)
     assert [hyps[0].tokens for hyps in beam] == greedy
 
 
@@ -178,12 +178,12 @@ def test_eos_ends_every_strategy_and_is_never_output(demo, texts, max_new, seed)
     translator, backend = demo
     c = backend.config
     sources = translator.encode(texts)
-    common = dict(bos_id=c.bos_id, eos_id=c.eos_id, pad_id=c.pad_id, max_new_tokens=max_new)
-    for out in (decoding.greedy(backend.session(), sources, **common),
-                decoding.sample(backend.session(), sources, seed=seed, **common),
-                [h[0].tokens for h in decoding.beam_search(backend.session(), sources, beam_size=2, **common)]):
+    common = dict(specials=Specials.of(c), max_new_tokens=max_new)
+    for out in (search.greedy(backend.session(), sources, **common),
+                search.sample(backend.session(), sources, seed=seed, **common),
+                [h[0].tokens for h in search.beam_search(backend.session(), sources, beam_size=2, **common)]):
         assert all(c.eos_id not in tokens and len(tokens) <= max_new for tokens in out)
-    suppressed = decoding.greedy(backend.session(), sources, suppress_eos=True, **common)
+    suppressed = search.greedy(backend.session(), sources, suppress_eos=True, **common)
     assert all(len(tokens) == max_new for tokens in suppressed)
 
 
@@ -242,7 +242,7 @@ def test_mutated_manifests_are_loaded_or_refused_with_bad_artifact_only(fuzz_art
         event("refused")
         return
     event("loaded")
-    assert artifact.config.max_positions == artifact.manifest["max_positions"]
+    assert artifact.config.max_positions == artifact.manifest.to_json()["max_positions"]
 
 
 @bounded

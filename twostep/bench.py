@@ -168,12 +168,12 @@ def run_backend(name: str, artifact_dir: Path | None, checkpoint_dir: Path | Non
         for w in workloads:
             sources = make_sources(c.src_vocab_size, c.eos_id, w.batch, w.src_len)
             options = decoding.DecodeOptions(beam_size=w.beam, suppress_eos=True)
+            specials = decoding.Specials.of(c)
             session = backend.session()
             ids, mask = decoding.pad_batch(sources, c.pad_id)
             results.append(measure(
                 label, w,
-                lambda: decoding.decode(session, sources, options, bos_id=c.bos_id, eos_id=c.eos_id,
-                                        pad_id=c.pad_id, max_new_tokens=w.new_tokens),
+                lambda: decoding.decode(session, sources, options, specials=specials, max_new_tokens=w.new_tokens),
                 lambda: session.start(ids, mask), warmup, iters, tick, load_s,
             ))
     for r in results:

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from twostep.errors import TwostepError
 from twostep.runtime.backends.profile import DEFAULT_ROWS
+from twostep.serving.executor import BATCHING, BatchLimits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy PyTorch encoder-decoder Transformers as two ONNX graphs with a KV cache.")
@@ -59,7 +60,7 @@ def train(
                                help="Replace an earlier checkpoint at --out, or start over from an earlier run's state."),
 ) -> None:
     """Train a model on a bundled task with the seeds' recipe (Noam, label smoothing, length batches)."""
-    from twostep.model.train import TrainConfig, train as run_train
+    from twostep.training.train import TrainConfig, train as run_train
 
     cfg = TrainConfig(task=task, preset=preset, steps=steps, max_tokens=max_tokens, warmup=warmup,
                       lr_factor=lr_factor, vocab_size=vocab_size, eval_every=eval_every, seed=seed, threads=threads)
@@ -77,7 +78,7 @@ def evaluate(
 ) -> None:
     """Exact match and BLEU of greedy decoding in eager PyTorch on a split of the checkpoint's task."""
     from twostep.model.checkpoint import load_checkpoint
-    from twostep.model.evaluate import checkpoint_translator, evaluate as run_evaluate
+    from twostep.training.evaluate import checkpoint_translator, evaluate as run_evaluate
 
     ckpt = load_checkpoint(ckpt_dir)
     if ckpt.task is None:
@@ -146,16 +147,20 @@ def export(
     dtype: str = typer.Option("fp32", help="fp32; fp16 (fragile ops kept fp32); int8 (dynamic quantization of the weight MatMuls)."),
     optimize: bool = typer.Option(False, help="ONNX Runtime transformer fusions (ONNX Runtime only, not TensorRT)."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier artifact at --out (never other files)."),
-    inplace_cache: bool = typer.Option(False, "--inplace-cache", help=(
-        "Also export the in-place decoder: an ONNX Runtime-only variant whose KV cache is written in place, "
-        "which ort-cpu then decodes with (the two plain graphs stay as they are).")),
+    inplace_cache: Optional[bool] = typer.Option(None, "--inplace-cache/--no-inplace-cache", show_default=False, help=(
+        "The in-place decoder, an ONNX Runtime-only variant whose KV cache is written in place, which ort-cpu "
+        "decodes with: written by default wherever the model allows it (fp32 or int8, head size a multiple of "
+        "8), sharing the plain decoder's weights. --inplace-cache insists on it; --no-inplace-cache leaves it "
+        "out. The two plain graphs are written either way.")),
 ) -> None:
     """Export a checkpoint as encoder.onnx + decoder.onnx + manifest.json, validated against eager PyTorch."""
+    from twostep.artifact.spec import INPLACE
     from twostep.exporter.export import export as run_export
 
+    variants = None if inplace_cache is None else [INPLACE] if inplace_cache else []
     with err.status("exporting") as status:
         result = run_export(ckpt_dir, out_dir, opset=opset, dtype=dtype, optimize=optimize, force=force,
-                            inplace_cache=inplace_cache, log=lambda m: status.update(m))
+                            variants=variants, log=lambda m: status.update(m))
     worst = max(result.report.max_error.values(), default=0.0)
     out.print(f"wrote {result.path} in {result.seconds:.1f}s: {result.report.cases} shape cases validated, "
               f"max error {worst:.2e}")
@@ -302,16 +307,15 @@ def build_engine_cmd(
 @app.command()
 def inspect(art_dir: Path = typer.Argument(..., help="Artifact directory.")) -> None:
     """The artifact's graphs and their inputs and outputs, from the manifest."""
-    from twostep.artifact import load_artifact
+    from twostep.artifact import SCHEMA_VERSION, load_artifact
 
     artifact = load_artifact(art_dir, check_hashes=False)
     m, c = artifact.manifest, artifact.config
-    out.print(f"{art_dir}: schema {m['schema_version']}, opset {m['opset']}, {m['dtype']}, "
+    out.print(f"{art_dir}: schema {SCHEMA_VERSION}, opset {m.opset}, {m.dtype}, "
               f"{c.d_model}d {c.n_encoder_layers}+{c.n_decoder_layers} layers {c.n_heads} heads, "
               f"vocab {c.src_vocab_size}/{c.tgt_vocab_size}, max positions {c.max_positions}")
-    titled = [(name, spec, f"{name} ({m['graphs'][name]['file']})") for name, spec in artifact.graphs.items()]
-    titled += [(name, spec, f"{name} ({m['variants'][name]['file']}; ONNX Runtime only: "
-                f"{', '.join(m['variants'][name].get('ops', []))})") for name, spec in artifact.variants.items()]
+    titled = [(e.name, e.spec, f"{e.name} ({e.file})" if e.runtime is None else
+               f"{e.name} ({e.file}; ONNX Runtime only: {', '.join(e.ops)})") for e in m.graphs.values()]
     for name, spec, title in titled:
         table = Table(title=title)
         for column in ("", "name", "dtype", "shape"):
@@ -328,17 +332,15 @@ def serve_cmd(
     backend: Optional[str] = typer.Option(None, help="Default ort-cpu for artifacts, torch for checkpoints."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on; loopback unless you mean otherwise."),
     port: int = typer.Option(8000, min=0, max=65535),
-    max_batch_tokens: int = typer.Option(4096, min=1, help="A batch holds at most this many source tokens x beam."),
-    max_batch_rows: int = typer.Option(64, min=1, help="... and at most this many rows (sentences x beam)."),
-    max_wait_ms: float = typer.Option(5.0, min=0, help="How long a batch waits to fill after its first sentence."),
-    max_queue: int = typer.Option(1024, min=1, help="Sentences that may wait; beyond it requests get 503."),
-    batching: str = typer.Option("inflight", help="inflight: sentences that arrive while a batch runs join it at "
-                                 "its next step; static: they wait until it ends (see the README)."),
-    express_tokens: int = typer.Option(0, min=0, help="In flight: sentences of at most this many source tokens "
-                                       "decode in an express lane stepped before the main batch (0: none; "
-                                       "see the README)."),
-    express_share: float = typer.Option(0.9, min=0.01, max=0.99, help="The share of decoding time the express "
-                                        "lane takes while both it and the main batch run."),
+    # the batching limits: defaults and help from BatchLimits
+    max_batch_tokens: int = typer.Option(BatchLimits.max_batch_tokens, min=1, help=BatchLimits.doc("max_batch_tokens")),
+    max_batch_rows: int = typer.Option(BatchLimits.max_batch_rows, min=1, help=BatchLimits.doc("max_batch_rows")),
+    max_wait_ms: float = typer.Option(BatchLimits.max_wait_ms, min=0, help=BatchLimits.doc("max_wait_ms")),
+    max_queue: int = typer.Option(BatchLimits.max_queue, min=1, help=BatchLimits.doc("max_queue")),
+    batching: str = typer.Option(BatchLimits().batching, help=BatchLimits.doc("inflight")),
+    express_tokens: int = typer.Option(BatchLimits.express_tokens, min=0, help=BatchLimits.doc("express_tokens")),
+    express_share: float = typer.Option(BatchLimits.express_share, min=0.01, max=0.99,
+                                        help=BatchLimits.doc("express_share")),
     max_sentences: int = typer.Option(64, min=1, help="Sentences per request; beyond it 413."),
     threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads of the model (default: the library's)."),
     ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep\\[ray]')."),
@@ -349,8 +351,6 @@ def serve_cmd(
     num_cpus: float = typer.Option(1.0, min=0, help="--ray: CPUs each replica reserves."),
 ) -> None:
     """Serve translations over HTTP: POST /v1/translate, /healthz, /readyz, /metrics (Prometheus)."""
-    from twostep.serving.executor import BATCHING, BatchLimits
-
     try:
         from twostep.serving.http import ServeConfig
     except ImportError as exc:

@@ -11,6 +11,7 @@ the same output at once. Every OSError becomes one `OutputError` naming the path
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from twostep.errors import OutputError
 
@@ -235,3 +237,13 @@ def write_file_atomic(path: Path, data: bytes) -> None:
 
 
 __all__ = ["OutputKind", "output_directory", "os_errors", "write_file_atomic"]
+
+
+def read_json(file: Path, error: type[Exception]) -> Any:
+    """A JSON file's value; a file that cannot be read or is not JSON raises `error` naming the file."""
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise error(f"{file}: not valid JSON ({str(exc)[:200]})") from None
+    except OSError as exc:
+        raise error(f"{file}: cannot read it ({exc.strerror})") from None

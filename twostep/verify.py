@@ -21,7 +21,7 @@ from twostep.runtime import backends
 from twostep.runtime.backends.torch_backend import TorchBackend
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.tokenizer import Tokenizer
-from twostep.runtime.translator import Specials, Translator
+from twostep.runtime.translator import Limits, Translator
 
 
 @dataclass
@@ -59,7 +59,7 @@ class VerifyReport:
 
 def test_sources(artifact, limit: int | None, seed: int = 0) -> list[list[int]]:
     """Token ids of the task's test split, or random sentences when the model has no task or tokenizer."""
-    task, tok = artifact.manifest.get("task"), artifact.tokenizer_path
+    task, tok = artifact.manifest.task, artifact.tokenizer_path
     if task and tok is not None:
         tokenizer = Tokenizer(tok)
         return [tokenizer.encode_source(src) for src, _ in get_task(task).split("test")[:limit]]
@@ -88,9 +88,9 @@ def verify(art_dir: Path, ckpt_dir: Path, backend: str = "ort-cpu", beam_size: i
         sources = test_sources(artifact, limit)
         for mode, options in (("greedy", DecodeOptions()), (f"beam{beam_size}", DecodeOptions(beam_size=beam_size))):
             log(f"{mode} decoding of {len(sources)} sentences")
-            s = Specials.of(artifact.config, candidate.target_positions)  # both decode as far as it can
-            want = Translator(reference.session(), s, batch_size=batch_size, options=options).translate_ids(sources)
-            got = Translator(candidate.session(), s, batch_size=batch_size, options=options).translate_ids(sources)
+            limits = Limits.of(artifact.config, candidate.target_positions)  # both decode as far as it can
+            want, got = (Translator(session, limits, batch_size=batch_size, options=options).translate_ids(sources)
+                         for session in (reference.session(), candidate.session()))
             same = [w == g for w, g in zip(want, got)]
             mismatch = next(({"sentence": i, "expected": w, "got": g}
                              for i, (w, g, ok) in enumerate(zip(want, got, same)) if not ok), None)

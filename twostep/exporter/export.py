@@ -1,26 +1,34 @@
-"""Export is a pipeline: build both graphs, validate them, save. It writes into a temporary directory beside
+"""Export is a pipeline: build the graphs, validate them, save. It writes into a temporary directory beside
 the target and renames it into place only after validation passed; a failed export leaves nothing behind.
+
+The graphs come from the list of graph builders (twostep.artifact.spec.GRAPHS): the contract's encoder and
+decoder always, each variant wherever the model allows it (or as asked), its weights shared with the contract
+graphs (twostep.exporter.shared).
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib
 import importlib.metadata
 import shutil
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 import twostep
-from twostep.artifact import ARTIFACT, FORMAT, GRAPH_FILES, SCHEMA_VERSION, load_artifact, write_manifest
+from twostep.artifact import ARTIFACT, Manifest, load_artifact, write_manifest
+from twostep.artifact.manifest import GraphEntry
+from twostep.artifact.spec import CONTRACT, GRAPHS, GraphInfo
 from twostep.errors import BadInput, ParityFailure
-from twostep.files import output_directory
-from twostep.exporter.graphs import TRACE_SIZES, export_graph
+from twostep.exporter.graphs import TRACE_SIZES
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
-from twostep.exporter.spec import INPLACE, INPLACE_FILE, INPLACE_OPS, graph_specs, inplace_spec, inplace_unsupported
+from twostep.exporter.shared import share_weights
 from twostep.exporter.validate import SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_backend
+from twostep.files import output_directory
 from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
@@ -47,89 +55,85 @@ def versions() -> dict[str, str]:
     return out
 
 
+def builder(info: GraphInfo):
+    module, function = info.builder.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def chosen_variants(config, precision: str, variants: Collection[str] | None) -> list[GraphInfo]:
+    """The variants to write: those named (each must suit the model), or (None) every one the model allows."""
+    known = [info for info in GRAPHS.values() if info.variant]
+    if variants is None:
+        return [info for info in known if not info.unsupported(config, precision)]
+    unknown = sorted(set(variants) - {info.name for info in known})
+    if unknown:
+        raise BadInput(f"unknown graph variant(s) {', '.join(unknown)}; this twostep writes "
+                       f"{', '.join(info.name for info in known)}")
+    chosen = [info for info in known if info.name in variants]
+    for info in chosen:
+        reason = info.unsupported(config, precision)
+        if reason:
+            raise BadInput(f"this model cannot have the {info.name} graph: {reason}")
+    return chosen
+
+
 def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str = "fp32", optimize: bool = False,
-           force: bool = False, inplace_cache: bool = False, log=lambda message: None) -> ExportResult:
-    """`optimize`: apply ONNX Runtime's transformer fusions (ONNX Runtime only: TensorRT cannot parse them).
-    `inplace_cache`: add the in-place decoder, an ONNX Runtime (CPU) variant whose cache is written in place
-    (twostep.exporter.inplace); the two plain graphs are exported as always.
+           force: bool = False, variants: Collection[str] | None = None, log=lambda message: None) -> ExportResult:
+    """`optimize`: apply ONNX Runtime's transformer fusions to the contract's graphs (ONNX Runtime only:
+    TensorRT cannot parse them). `variants`: the variant graphs to write besides the contract's two (e.g.
+    ["decoder_inplace"]; [] for none); None writes every one the model allows.
     `force`: replace an earlier artifact at `out_dir` (never anything else; see twostep.files)."""
     if dtype not in DTYPES:
         raise BadInput(f"--dtype {dtype!r} is not supported by this exporter; choose one of {', '.join(DTYPES)}")
     if not 17 <= opset <= 23:
         raise BadInput(f"--opset {opset} is outside the supported range 17..23")
-    if inplace_cache and dtype == "fp16":
-        raise BadInput("--inplace-cache is for ONNX Runtime on the CPU (fp32 or int8); fp16 artifacts run on GPUs")
     started = time.perf_counter()
     ckpt = load_checkpoint(ckpt_dir)
     model = ckpt.model.eval()
-    reason = inplace_unsupported(model.config) if inplace_cache else None
-    if reason:
-        raise BadInput(f"--inplace-cache: this model cannot have the in-place decoder: {reason}")
     onnx_dtype, precision = DTYPES[dtype]
-    specs = graph_specs(model.config, onnx_dtype)
+    graphs = [GRAPHS[name] for name in CONTRACT] + chosen_variants(model.config, precision, variants)
     out_dir = Path(out_dir)
     with output_directory(out_dir, ARTIFACT, force) as tmp:
         torch.manual_seed(0)
         quantization, fusions = None, {}
-        for graph, spec in specs.items():
-            log(f"exporting {graph}")
-            path = tmp / GRAPH_FILES[graph]
-            export_graph(model, graph, graph_specs(model.config)[graph], path, opset)  # traced in fp32
-            if optimize:
-                log(f"fusing {graph}")
-                fusions[graph] = fuse_transformer_ops(path, model.config.n_heads, model.config.d_model)
+        for info in graphs:
+            log(f"exporting {info.name}")
+            path = tmp / info.file
+            builder(info)(model, path, opset)  # traced in fp32
+            if optimize and not info.variant:
+                log(f"fusing {info.name}")
+                fusions[info.name] = fuse_transformer_ops(path, model.config.n_heads, model.config.d_model)
             if precision == "fp16":
-                log(f"converting {graph} to fp16")
+                log(f"converting {info.name} to fp16")
                 quantization = convert_fp16(path)
             if precision == "int8":
-                log(f"quantizing {graph} to int8")
+                log(f"quantizing {info.name} to int8")
                 quantization = quantize_int8(path)
-        variants = {}
-        if inplace_cache:
-            from twostep.exporter.inplace import export_inplace
-
-            log("exporting the in-place decoder")
-            path = tmp / INPLACE_FILE
-            export_inplace(model, path, opset)
-            if precision == "int8":
-                quantize_int8(path)
-            variants[INPLACE] = {"file": INPLACE_FILE, **inplace_spec(model.config, onnx_dtype).to_dict(),
-                                 "runtime": "onnxruntime", "ops": INPLACE_OPS}
+        for info in graphs[len(CONTRACT):]:
+            for name in CONTRACT:
+                share_weights(tmp / info.file, tmp / GRAPHS[name].file)
         if ckpt.tokenizer_path is not None:
             shutil.copyfile(ckpt.tokenizer_path, tmp / "tokenizer.model")
-        problems = [p for graph, spec in specs.items() for p in check_declaration(tmp / GRAPH_FILES[graph], spec)]
-        if inplace_cache:
-            problems += check_declaration(tmp / INPLACE_FILE, inplace_spec(model.config, onnx_dtype))
+        entries = {info.name: GraphEntry(info.name, info.file, info.spec(model.config, onnx_dtype), info.runtime,
+                                         info.ops) for info in graphs}
+        problems = [p for entry in entries.values() for p in check_declaration(tmp / entry.file, entry.spec)]
         if problems:
             raise ParityFailure("exported graphs do not match their declaration:\n  " + "\n  ".join(problems))
-        c = model.config
-        manifest = {
-            "format": FORMAT,
-            "schema_version": SCHEMA_VERSION,
-            "model": c.to_dict(),
-            "special_tokens": {"pad": c.pad_id, "unk": c.unk_id, "bos": c.bos_id, "eos": c.eos_id},
-            "source_suffix": "eos",  # source token ids end with eos; decoding starts from bos
-            "max_positions": c.max_positions,
-            "dtype": onnx_dtype,
-            "precision": precision,
-            "quantization": quantization,
-            "fusions": fusions if optimize else None,  # com.microsoft ops: ONNX Runtime only
-            "opset": opset,
-            "graphs": {g: {"file": GRAPH_FILES[g], **spec.to_dict()} for g, spec in specs.items()},
-            "variants": variants,  # runtime-specific graphs beside the two (ONNX Runtime's in-place decoder)
-            "tokenizer": "tokenizer.model" if ckpt.tokenizer_path is not None else None,
-            "task": ckpt.task,
-            "exporter": {"versions": versions(), "trace_sizes": TRACE_SIZES,
-                         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
-        }
+        manifest = Manifest(
+            config=model.config, dtype=onnx_dtype, precision=precision, opset=opset, graphs=entries,
+            tokenizer="tokenizer.model" if ckpt.tokenizer_path is not None else None, task=ckpt.task,
+            quantization=quantization, fusions=fusions if optimize else None,
+            exporter={"versions": versions(), "trace_sizes": TRACE_SIZES,
+                      "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+        )
         write_manifest(tmp, manifest)
         log("validating against eager PyTorch on the shape grid")
         with OrtBackend(load_artifact(tmp)) as candidate, TorchBackend(model) as reference:
-            report = compare_backend(candidate, reference, precision)  # with the in-place decoder, if any
+            report = compare_backend(candidate, reference, precision)  # with the decoder it decodes with
         if not report.ok:
             raise ParityFailure(f"{len(report.failures)} parity failure(s) after export:\n  "
                                 + "\n  ".join(report.failures[:50]))
-        manifest["validation"] = {"tolerances": TOLERANCES[precision], "shape_grid": SHAPE_GRID,
-                                  "cases": report.cases, "max_error": report.max_error}
-        write_manifest(tmp, manifest)
+        write_manifest(tmp, manifest.replace(validation={
+            "tolerances": TOLERANCES[precision], "shape_grid": SHAPE_GRID, "cases": report.cases,
+            "max_error": report.max_error}))
     return ExportResult(out_dir, report, time.perf_counter() - started)

@@ -1,7 +1,5 @@
-"""The two exported graphs: thin wrappers that flatten `encode` and `decode_step` into named tensors.
-
-Nothing here re-implements the model: the wrappers only turn per-layer (k, v) pairs into flat tensor lists
-in the order the spec declares.
+"""Tracing the model's graph wrappers (twostep.model.graphs) into ONNX: the encoder and the plain decoder,
+the contract's two graphs (twostep.artifact.spec). Every builder is called as builder(model, path, opset).
 """
 
 from __future__ import annotations
@@ -11,40 +9,11 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
 from torch.export import Dim
 
-from twostep.exporter.spec import GraphSpec
+from twostep.artifact.spec import GraphSpec, graph_specs
+from twostep.model.graphs import DecoderGraph, EncoderGraph, flatten, pairs
 from twostep.model.transformer import Transformer
-
-
-def pairs(flat: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
-    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-
-
-def flatten(kv: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
-    return [t for pair in kv for t in pair]
-
-
-class EncoderGraph(nn.Module):
-    def __init__(self, model: Transformer):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> list[Tensor]:
-        return flatten(self.model.encode(input_ids, attention_mask))
-
-
-class DecoderGraph(nn.Module):
-    def __init__(self, model: Transformer):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, past_lengths: Tensor,
-                past_self: list[Tensor], past_cross: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-        logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
-                                                 pairs(past_cross), past_lengths)
-        return logits, flatten(present)
 
 
 # Example sizes for tracing: at least 2 on every dynamic axis (a size of 1 would be specialised away), and
@@ -92,3 +61,11 @@ def export_graph(model: Transformer, graph: str, spec: GraphSpec, path: Path, op
             input_names=spec.input_names, output_names=spec.output_names, opset_version=opset,
             dynamic_shapes=dynamic_shapes(spec, graph), optimize=True, verbose=False,
         )
+
+
+def export_encoder(model: Transformer, path: Path, opset: int) -> None:
+    export_graph(model, "encoder", graph_specs(model.config)["encoder"], path, opset)
+
+
+def export_decoder(model: Transformer, path: Path, opset: int) -> None:
+    export_graph(model, "decoder", graph_specs(model.config)["decoder"], path, opset)

@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.export import Dim
 
-from twostep.exporter.graphs import TRACE_SIZES, example_inputs, flatten, pairs
-from twostep.exporter.spec import inplace_spec
+from twostep.exporter.graphs import TRACE_SIZES, example_inputs
+from twostep.model.graphs import flatten, pairs
+from twostep.artifact.spec import inplace_spec
 from twostep.model.transformer import KV, Transformer
 
 @torch.library.custom_op("twostep::group_query_attention", mutates_args=())

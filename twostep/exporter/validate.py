@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from twostep.exporter.spec import GraphSpec, past_name
+from twostep.artifact.spec import GraphSpec, past_name
 from twostep.runtime.backends.base import Backend
 
 # Batch 1 and 3; source lengths 1, 7 and 33 with padding; past 0, 1 and 17; new tokens 1 and 4. In a batch
@@ -153,16 +153,16 @@ def compare_graphs(candidate: Backend, reference: Backend, precision: str = "fp3
 
 
 def compare_backend(candidate: Backend, reference: Backend, precision: str = "fp32") -> ParityReport:
-    """What export and verify check: the graphs on the shape grid, then, where the candidate decodes with the
-    in-place decoder, that decoder step by step."""
+    """What export and verify check: the graphs on the shape grid, then, where the candidate decodes with a
+    variant of the decoder (ort-cpu's in-place one), that decoder step by step."""
     report = compare_graphs(candidate, reference, precision)
-    return compare_inplace(candidate, reference, precision, report) if candidate.inplace else report
+    return compare_sessions(candidate, reference, precision, report) if candidate.decoder != "decoder" else report
 
 
-def compare_inplace(candidate: Backend, reference: Backend, precision: str = "fp32",
-                    report: ParityReport | None = None, seed: int = 1) -> ParityReport:
-    """The in-place decoder (candidate.session(), an InplaceSession) against the reference's session, step by
-    step on the grid's batches and source lengths: a 4-token first step, then one token a step past the
+def compare_sessions(candidate: Backend, reference: Backend, precision: str = "fp32",
+                     report: ParityReport | None = None, seed: int = 1) -> ParityReport:
+    """The candidate's decoder (candidate.session(): the in-place decoder's, say) against the reference's
+    session, step by step on the grid's batches and source lengths: a 4-token first step, then one token a step past the
     first capacity (so the buffer grows), a beam-style reorder of the cache, a row leaving the batch, a row
     freed, then two sentences joining (one in the freed row, one in a new row, with a longer source than the
     batch's), which then decode next to rows that are 17 positions further on. Tokens are drawn at random,
@@ -171,7 +171,7 @@ def compare_inplace(candidate: Backend, reference: Backend, precision: str = "fp
     tolerances = TOLERANCES[precision]
     c = reference.config
     rng = np.random.default_rng(seed)
-    key = "decoder_inplace.logits"
+    key = f"{candidate.decoder}.logits"
     for batch, src_len in itertools.product(SHAPE_GRID["batch"], SHAPE_GRID["src_len"]):
         ids = rng.integers(min(4, c.src_vocab_size - 1), c.src_vocab_size, (batch, src_len), dtype=np.int64)
         mask = np.ones((batch, src_len), dtype=np.int64)

@@ -17,8 +17,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from twostep.errors import BadCheckpoint
-from twostep.files import OutputKind, output_directory
-from twostep.model.config import ModelConfig
+from twostep.files import OutputKind, output_directory, read_json
+from twostep.artifact.config import ModelConfig
 from twostep.model.transformer import Transformer
 
 FORMAT = "twostep-checkpoint"
@@ -122,12 +122,7 @@ def read_config(path: Path) -> dict[str, Any]:
         raise BadCheckpoint(f"{path}: not a checkpoint directory (expected a folder with {CONFIG_FILE})")
     if not config_file.is_file():
         raise BadCheckpoint(f"{path}: missing {CONFIG_FILE}; is this a twostep checkpoint?")
-    try:
-        meta = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise BadCheckpoint(f"{config_file}: not valid JSON ({str(exc)[:200]})") from None
-    except OSError as exc:
-        raise BadCheckpoint(f"{config_file}: cannot read it ({exc.strerror})") from None
+    meta = read_json(config_file, BadCheckpoint)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise BadCheckpoint(f"{config_file}: not a twostep checkpoint config (format != {FORMAT!r})")
     if meta.get("version") != VERSION:

@@ -26,7 +26,7 @@ import torch
 
 from twostep.errors import BadCheckpoint
 from twostep.model.checkpoint import Checkpoint, canonical_state_dict, save_checkpoint
-from twostep.model.config import ModelConfig
+from twostep.artifact.config import ModelConfig
 from twostep.model.transformer import Transformer, sinusoid_table
 
 StateDict = dict[str, torch.Tensor]

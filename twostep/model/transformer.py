@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from twostep.model.config import ModelConfig
+from twostep.artifact.config import ModelConfig
 
 KV = tuple[Tensor, Tensor]
 # (attention module, its input h (B, T, D), the layer's past) -> (attended (B, T, D), the layer's present)

@@ -8,38 +8,39 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from twostep.errors import BadInput
-from twostep.runtime import decoding
-from twostep.runtime.decoding import DecodeOptions, Hypothesis, StepSession
+from twostep.runtime.decoding import DecodeOptions, Hypothesis, Specials, StepSession, decode
+from twostep.runtime.decoding.options import is_int
 from twostep.runtime.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
-class Specials:
-    pad_id: int
-    bos_id: int
-    eos_id: int
+class Limits:
+    """What a model takes and how far a decode on its backend can go: the special token ids, the source
+    vocabulary (ids must be below it), max_positions, and the target positions an engine profile holds."""
+
+    specials: Specials
     vocab_size: int  # source vocab: ids must be below it
     max_positions: int
     target_positions: int  # how far a decode can go: max_positions, or an engine profile's limit
 
     @classmethod
-    def of(cls, config, target_positions: int | None = None) -> "Specials":
-        return cls(pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id,
-                   vocab_size=config.src_vocab_size, max_positions=config.max_positions,
+    def of(cls, config, target_positions: int | None = None) -> Limits:
+        return cls(specials=Specials.of(config), vocab_size=config.src_vocab_size,
+                   max_positions=config.max_positions,
                    target_positions=min(target_positions or config.max_positions, config.max_positions))
 
 
 class Translator:
-    def __init__(self, session: StepSession, specials: Specials, tokenizer: Tokenizer | None = None,
+    def __init__(self, session: StepSession, limits: Limits, tokenizer: Tokenizer | None = None,
                  batch_size: int = 32, options: DecodeOptions = DecodeOptions()):
-        self.session, self.specials, self.tokenizer = session, specials, tokenizer
+        self.session, self.limits, self.tokenizer = session, limits, tokenizer
         self.batch_size, self.options = batch_size, options
         self.lock = threading.Lock()  # threads may share a Translator: their calls run one after another
 
     def check_ids(self, sources: Sequence[Sequence[int]]) -> None:
-        s = self.specials
+        s = self.limits
         for i, ids in enumerate(sources):
-            if isinstance(ids, (str, bytes)) or not all(decoding.is_int(t) for t in ids):
+            if isinstance(ids, (str, bytes)) or not all(is_int(t) for t in ids):
                 raise BadInput(f"sentence {i + 1} is not a list of integer token ids")
             if len(ids) == 0:
                 raise BadInput(f"sentence {i + 1} is empty")
@@ -56,7 +57,7 @@ class Translator:
         """How far to decode: the options' max_new_tokens, else 2 x the longest source + 16, capped by
         max_positions. Beyond an engine profile's target positions (trt, ort-trt) it is a BadInput, not a
         silently shorter translation."""
-        s = self.specials
+        s = self.limits
         wanted = (options.max_new_tokens if options is not None else None) or 2 * max(len(x) for x in sources) + 16
         wanted = min(wanted, s.max_positions)
         if wanted > s.target_positions:
@@ -73,15 +74,12 @@ class Translator:
         self.check_ids(sources)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths share a batch
         results: list[list[Hypothesis]] = [[] for _ in sources]
-        s = self.specials
         with self.lock:
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 batch = [sources[i] for i in chunk]
-                outs = decoding.decode(
-                    self.session, batch, options, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
-                    max_new_tokens=self.max_new_tokens(batch, options),
-                )
+                outs = decode(self.session, batch, options, specials=self.limits.specials,
+                              max_new_tokens=self.max_new_tokens(batch, options))
                 for i, out in zip(chunk, outs):
                     results[i] = out
         return results
@@ -104,6 +102,14 @@ class Translator:
                 raise BadInput(f"sentence {i + 1} is not valid Unicode text (it holds lone surrogates)") from None
             out.append(self.tokenizer.encode_source(text))
         return out
+
+    def best_texts(self, hypotheses: Sequence[Sequence[Hypothesis]]) -> list[str]:
+        """Each sentence's best hypothesis as text ('' for none): decode_ids' answer as translate() gives it."""
+        return [self.tokenizer.decode(hyps[0].tokens if hyps else []) for hyps in hypotheses]
+
+    def nbest_texts(self, hypotheses: Sequence[Sequence[Hypothesis]]) -> list[list[tuple[str, float]]]:
+        """Each sentence's hypotheses as (text, score): decode_ids' answer as translate_nbest() gives it."""
+        return [[(self.tokenizer.decode(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
     def translate(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
         return [self.tokenizer.decode(ids) for ids in self.translate_ids(self.encode(texts), options)]
@@ -136,4 +142,4 @@ def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Pat
         be = backends.create("torch", checkpoint_dir=model_dir, **backend_options)
         tokenizer_path = model_dir / "tokenizer.model"
     tokenizer = Tokenizer(tokenizer_path) if tokenizer_path is not None and tokenizer_path.is_file() else None
-    return Translator(be.session(), Specials.of(be.config, be.target_positions), tokenizer, batch_size, options), be
+    return Translator(be.session(), Limits.of(be.config, be.target_positions), tokenizer, batch_size, options), be

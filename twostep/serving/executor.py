@@ -1,8 +1,11 @@
-"""Many callers, one model: a batching executor over any backend's step session.
+"""Many callers, one model: a batching engine over any backend's step session, and a translator in front of it.
 
-Threads call `translate(...)` (or coroutines `await translate_async(...)`) on one shared `BatchingTranslator`.
-Each request's sentences are checked in the caller's thread (a bad request fails alone, before it is queued),
-then wait in one bounded queue. A worker thread decodes them in one running batch (decoding.RunningBatch):
+Threads call `translate(...)` (or coroutines `await translate_async(...)`) on one shared `BatchingTranslator`:
+a front that composes a plain `Translator` (text to token ids and back, each request's checks) and a
+`BatchingEngine` (the queue, the lanes, the worker thread and the metrics; token ids only), whose worker
+starts with `start()` (or `with`), not when it is made. Each request's sentences are checked in the caller's
+thread (a bad request fails alone, before it is queued), then wait in the engine's one bounded queue. Its
+worker decodes them in one running batch (decoding.RunningBatch):
 
 - In-flight batching (the default): at every step boundary, the sentences waiting in the queue join the
   running batch, in arrival order, as long as it holds at most `max_batch_tokens` source tokens x beam and
@@ -42,22 +45,26 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import get_type_hints
 
 from twostep.errors import BadInput, Overloaded, TwostepError
-from twostep.exporter.spec import INPLACE
-from twostep.runtime import decoding
-from twostep.runtime.decoding import DecodeOptions, Entry, Hypothesis, RunningBatch, StepSession
+from twostep.runtime.decoding import DecodeOptions, Entry, Hypothesis, RunningBatch, Specials, StepSession
 from twostep.runtime.tokenizer import Tokenizer
-from twostep.runtime.translator import Specials, Translator
+from twostep.runtime.translator import Limits, Translator
 
 log = logging.getLogger("twostep.serving")
 
 
 BATCHING = {"inflight": True, "static": False}  # `--batching` (serve) and `batching=` (Ray): BatchLimits.inflight
+
+
+def limit_field(default, doc: str):
+    """A BatchLimits field: its default, and what it does in a sentence (`twostep serve --help` shows both)."""
+    return field(default=default, metadata={"doc": doc})
 
 
 @dataclass(frozen=True)
@@ -67,16 +74,23 @@ class BatchLimits:
     full); at most max_queue sentences wait. `inflight`: waiting sentences join the running batch at the next
     step (False: they wait for it to end; docs/benchmarks.md measures both). In flight, `express_tokens` > 0
     opens the express lane: sentences of at most that many source tokens decode in a batch of their own (at
-    most `express_rows` rows), stepped first, with `express_share` of the time while both batches run."""
+    most `express_rows` rows), stepped first, with `express_share` of the time while both batches run.
 
-    max_batch_tokens: int = 4096
-    max_batch_rows: int = 64
-    max_wait_ms: float = 5.0
-    max_queue: int = 1024
-    inflight: bool = True
-    express_tokens: int = 0
-    express_rows: int = 8
-    express_share: float = 0.9
+    The one definition of these limits: `twostep serve`'s options take their defaults and help from the
+    fields, Ray Serve's app arguments are read by `from_strings`."""
+
+    max_batch_tokens: int = limit_field(4096, "A batch holds at most this many source tokens x beam.")
+    max_batch_rows: int = limit_field(64, "A batch holds at most this many rows (sentences x beam).")
+    max_wait_ms: float = limit_field(5.0, "How long a batch waits to fill after its first sentence.")
+    max_queue: int = limit_field(1024, "Sentences that may wait; beyond it requests get 503 (Overloaded).")
+    inflight: bool = limit_field(True, "inflight: sentences that arrive while a batch runs join it at its next "
+                                 "step; static: they wait until it ends (see the README).")  # as batching=, BATCHING
+    express_tokens: int = limit_field(0, "In flight: sentences of at most this many source tokens decode in an "
+                                      "express lane stepped before the main batch (0: none; see the README).")
+    express_rows: int = limit_field(8, "The express lane holds at most this many rows; beyond them short "
+                                    "sentences join the main batch.")
+    express_share: float = limit_field(0.9, "The share of decoding time the express lane takes while both it and "
+                                       "the main batch run.")
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be positive, got {getattr(self, name)!r}" for name in
@@ -94,6 +108,40 @@ class BatchLimits:
     def express(self) -> bool:
         """Whether there is an express lane: in flight only."""
         return self.inflight and self.express_tokens > 0
+
+    @property
+    def batching(self) -> str:
+        """`inflight` as the command line and Ray's arguments spell it: inflight or static."""
+        return next(name for name, inflight in BATCHING.items() if inflight == self.inflight)
+
+    @classmethod
+    def doc(cls, name: str) -> str:
+        """What field `name` does, in a sentence: the help of `twostep serve`'s option for it."""
+        return next(f.metadata["doc"] for f in fields(cls) if f.name == name)
+
+    @classmethod
+    def from_strings(cls, values: Mapping[str, str]) -> BatchLimits:
+        """The limits given as key=value strings (Ray Serve's `serve run ... max_wait_ms=2`): any field by its
+        name (LIMIT_KEYS), its value converted to the field's type; `inflight` as batching=inflight|static, as
+        on the command line. Anything wrong is one BadInput."""
+        unknown = sorted(set(values) - set(LIMIT_KEYS))
+        if unknown:
+            raise BadInput(f"unknown batching limits {unknown}: the limits are {', '.join(LIMIT_KEYS)}")
+        types, given = get_type_hints(cls), {}
+        for key, text in values.items():
+            if key == "batching":
+                if text not in BATCHING:
+                    raise BadInput(f"batching takes {' or '.join(BATCHING)}, got {text!r}")
+                given["inflight"] = BATCHING[text]
+                continue
+            try:
+                given[key] = types[key](text)
+            except ValueError:
+                raise BadInput(f"{key} takes a number ({types[key].__name__}), got {text!r}") from None
+        return cls(**given)
+
+
+LIMIT_KEYS = ("batching", *(f.name for f in fields(BatchLimits) if f.name != "inflight"))  # BatchLimits.from_strings
 
 
 class Metrics:
@@ -180,39 +228,44 @@ class Lane:
         return fits or (not rows and not self.express)
 
 
-class BatchingTranslator(Translator):
-    """A Translator that many threads and coroutines share: their sentences are merged into batches (see the
-    module's docstring). Use it as a context manager, or call close(): queued and running sentences finish,
-    new requests are refused."""
+class BatchingEngine:
+    """Sentences of token ids, already checked, from many threads: they wait in one bounded queue, and a
+    worker thread decodes them in running batches, one per lane (see the module's docstring). Knows no text.
+    start() (or `with`) starts the worker; close() refuses new requests, lets the queued and running ones
+    finish and stops it."""
 
-    def __init__(self, session: StepSession, specials: Specials, tokenizer: Tokenizer | None = None,
-                 options: DecodeOptions = DecodeOptions(), limits: BatchLimits = BatchLimits(),
+    def __init__(self, session: StepSession, specials: Specials, limits: BatchLimits = BatchLimits(),
                  metrics: Metrics | None = None, express_session: StepSession | None = None):
-        super().__init__(session, specials, tokenizer, batch_size=limits.max_batch_rows, options=options)
-        self.limits, self.metrics = limits, metrics or Metrics()
         if limits.express and express_session is None:
             raise ValueError("an express lane (express_tokens > 0) decodes on a step session of its own: pass "
                              "express_session (another backend.session())")
+        self.session, self.specials, self.limits, self.metrics = session, specials, limits, metrics or Metrics()
         self.express_session = express_session if limits.express else None
         self.waiting: deque[Sentence] = deque()
         self.cond = threading.Condition()
         self.closed = False
-        self.worker = threading.Thread(target=self.work, name="twostep-batcher", daemon=True)
-        self.worker.start()
+        self.worker: threading.Thread | None = None  # start()
 
     # -- callers ---------------------------------------------------------------------------------------
+    def start(self) -> BatchingEngine:
+        """Start the worker (once: again does nothing)."""
+        with self.cond:
+            if self.worker is None:
+                self.worker = threading.Thread(target=self.work, name="twostep-batcher", daemon=True)
+                self.worker.start()
+        return self
+
     @property
     def queue_depth(self) -> int:
         """Sentences waiting for a batch (not those decoding)."""
         return len(self.waiting)
 
-    def submit_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Future:
-        """Queue one request; its future's result is decode_ids'. Cancel the future to drop its rows. Raises
-        BadInput for a bad request and Overloaded when the queue cannot take it now."""
-        options = self.options if options is None else options
-        if not isinstance(options, DecodeOptions):
-            raise TypeError(f"options must be DecodeOptions, got {type(options).__name__}")
-        self.check_ids(sources)
+    def submit(self, sources: Sequence[Sequence[int]], options: DecodeOptions,
+               max_new_tokens: Callable[[list[int]], int]) -> Future:
+        """Queue one request of checked sentences; its future's result is their n-best hypotheses, in order.
+        `max_new_tokens(ids)`: how far a sentence decodes (a BadInput from it queues nothing). Cancel the future
+        to drop its rows. Raises BadInput for more sentences than may wait, and Overloaded when the queue
+        cannot take them now."""
         if len(sources) > self.limits.max_queue:
             raise BadInput(f"a request of {len(sources)} sentences cannot be queued: at most {self.limits.max_queue} "
                            "sentences wait at once; send fewer per request")
@@ -220,11 +273,13 @@ class BatchingTranslator(Translator):
         if not sources:
             request.future.set_result([])
             return request.future
-        limits = [self.max_new_tokens([ids], options) for ids in request.sources]  # BadInput before queueing
+        limits = [max_new_tokens(ids) for ids in request.sources]  # BadInput before queueing
         now = time.monotonic()
         with self.cond:
             if self.closed:
                 raise Overloaded("the translator is shutting down and takes no new requests")
+            if self.worker is None:
+                raise RuntimeError("the batching engine is not started: call start() first, or use it in a with block")
             if len(self.waiting) + len(sources) > self.limits.max_queue:  # callers gone: not waiting any more
                 self.waiting = deque(x for x in self.waiting if not x.cancelled)
             if len(self.waiting) + len(sources) > self.limits.max_queue:
@@ -235,38 +290,16 @@ class BatchingTranslator(Translator):
             self.cond.notify_all()
         return request.future
 
-    def decode_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
-                   timeout: float | None = None) -> list[list[Hypothesis]]:
-        future = self.submit_ids(sources, options)
-        try:
-            return future.result(timeout)
-        except FutureTimeout:
-            future.cancel()
-            raise TimeoutError(f"no answer within {timeout} s; the request was cancelled") from None
-
-    async def decode_ids_async(self, sources: Sequence[Sequence[int]],
-                               options: DecodeOptions | None = None) -> list[list[Hypothesis]]:
-        """Cancelling the awaiting task cancels the request: its rows leave the batch."""
-        return await asyncio.wrap_future(self.submit_ids(sources, options))
-
-    async def translate_async(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
-        hyps = await self.decode_ids_async(self.encode(texts), options)
-        return [self.tokenizer.decode(h[0].tokens if h else []) for h in hyps]
-
-    async def translate_nbest_async(self, texts: Sequence[str],
-                                    options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
-        hyps = await self.decode_ids_async(self.encode(texts), options)
-        return [[(self.tokenizer.decode(h.tokens), h.score) for h in hs] for hs in hyps]
-
     def close(self, timeout: float | None = None) -> None:
         """Refuse new requests, finish the queued and running ones, stop the worker."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-        self.worker.join(timeout)
+        if self.worker is not None:
+            self.worker.join(timeout)
 
-    def __enter__(self) -> "BatchingTranslator":
-        return self
+    def __enter__(self) -> BatchingEngine:
+        return self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -291,7 +324,7 @@ class BatchingTranslator(Translator):
                               self.limits.express_rows * self.limits.express_tokens, self.limits.express_tokens))
         with contextlib.ExitStack() as stack:
             for lane in lanes:
-                stack.enter_context(decoding.exclusive(lane.session))
+                stack.enter_context(lane.session.claimed())
                 self.restart(lane)
             while True:
                 joining = self.next_sentences(lanes)
@@ -313,8 +346,7 @@ class BatchingTranslator(Translator):
 
     def restart(self, lane: Lane) -> None:
         s = self.specials
-        lane.batch = RunningBatch(lane.session, bos_id=s.bos_id, eos_id=s.eos_id, pad_id=s.pad_id,
-                                  cancelled=lambda sentence: sentence.cancelled)
+        lane.batch = RunningBatch(lane.session, specials=s, cancelled=lambda sentence: sentence.cancelled)
 
     def guarded(self, lane: Lane, joining: list[Sentence], work: Callable[[], None]) -> None:
         try:
@@ -426,31 +458,105 @@ class BatchingTranslator(Translator):
                 pass
 
 
+class BatchingTranslator:
+    """A translator that many threads and coroutines share: a plain Translator (`translator`: text to token ids
+    and back, each request's checks) in front of a BatchingEngine (`engine`) that merges their sentences into
+    batches. Start it with start() or use it as a context manager; close(): queued and running sentences finish,
+    new requests are refused."""
+
+    def __init__(self, session: StepSession, model_limits: Limits, tokenizer: Tokenizer | None = None,
+                 options: DecodeOptions = DecodeOptions(), limits: BatchLimits = BatchLimits(),
+                 metrics: Metrics | None = None, express_session: StepSession | None = None):
+        self.engine = BatchingEngine(session, model_limits.specials, limits, metrics, express_session)
+        self.translator = Translator(session, model_limits, tokenizer, options=options)  # never decodes: the engine does
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.translator.tokenizer
+
+    @property
+    def queue_depth(self) -> int:
+        """Sentences waiting for a batch (not those decoding)."""
+        return self.engine.queue_depth
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.translator.encode(texts)
+
+    def submit_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Future:
+        """Queue one request; its future's result is decode_ids'. Cancel the future to drop its rows. Raises
+        BadInput for a bad request and Overloaded when the queue cannot take it now."""
+        options = self.translator.options if options is None else options
+        if not isinstance(options, DecodeOptions):
+            raise TypeError(f"options must be DecodeOptions, got {type(options).__name__}")
+        self.translator.check_ids(sources)
+        return self.engine.submit(sources, options, lambda ids: self.translator.max_new_tokens([ids], options))
+
+    def decode_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
+                   timeout: float | None = None) -> list[list[Hypothesis]]:
+        """Token ids in (each ending with eos), n-best hypotheses out, in input order, as Translator.decode_ids;
+        after `timeout` seconds the request is cancelled and TimeoutError raised."""
+        future = self.submit_ids(sources, options)
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise TimeoutError(f"no answer within {timeout} s; the request was cancelled") from None
+
+    def translate(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
+        return self.translator.best_texts(self.decode_ids(self.encode(texts), options))
+
+    def translate_nbest(self, texts: Sequence[str],
+                        options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
+        return self.translator.nbest_texts(self.decode_ids(self.encode(texts), options))
+
+    async def decode_ids_async(self, sources: Sequence[Sequence[int]],
+                               options: DecodeOptions | None = None) -> list[list[Hypothesis]]:
+        """Cancelling the awaiting task cancels the request: its rows leave the batch."""
+        return await asyncio.wrap_future(self.submit_ids(sources, options))
+
+    async def translate_async(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
+        return self.translator.best_texts(await self.decode_ids_async(self.encode(texts), options))
+
+    async def translate_nbest_async(self, texts: Sequence[str],
+                                    options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
+        return self.translator.nbest_texts(await self.decode_ids_async(self.encode(texts), options))
+
+    def start(self) -> BatchingTranslator:
+        """Start the engine's worker (once: again does nothing)."""
+        self.engine.start()
+        return self
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new requests, finish the queued and running ones, stop the worker."""
+        self.engine.close(timeout)
+
+    def __enter__(self) -> BatchingTranslator:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def batching_advice(backend, limits: BatchLimits) -> str | None:
-    """What a server tells its operator at start about how it batches on this backend, or None. In flight on
-    ort-cpu with the plain decoder, the batch's self-attention cache is as wide as its oldest sentence's history
-    (every row attends over it and the graph copies it each step), and its throughput measured about static
-    batching's at best (docs/benchmarks.md); the in-place decoder attends over each row's own history."""
-    if not (limits.inflight and backend.runs_inplace and not backend.inplace):
-        return None
-    remedy = ("decode with it (kv_cache 'auto' or 'inplace')" if INPLACE in backend.artifact.variants else
-              "export the model with `twostep export --inplace-cache` for ONNX Runtime's in-place decoder")
-    return (f"in-flight batching on {backend.name} with the plain decoder: its KV cache is as wide as the oldest "
-            "sentence's history, and its throughput measured about static batching's at best (docs/benchmarks.md); "
-            f"{remedy}")
+    """What a server tells its operator at start about how it batches on this backend, or None: in flight, what
+    the backend says of the decoder it chose (Backend.inflight_advice); static batching has no oldest row to
+    wait on."""
+    return backend.inflight_advice() if limits.inflight else None
 
 
 def open_batching_translator(model_dir, backend: str | None = None, options: DecodeOptions = DecodeOptions(),
                              limits: BatchLimits = BatchLimits(), metrics: Metrics | None = None,
                              **backend_options) -> tuple[BatchingTranslator, object]:
-    """A BatchingTranslator over an artifact (or checkpoint) directory, like runtime.translator.open_translator;
-    engine backends are sized for max_batch_rows rows. Returns (translator, backend): close both."""
+    """A started BatchingTranslator over an artifact (or checkpoint) directory, like
+    runtime.translator.open_translator; engine backends are sized for max_batch_rows rows. Returns
+    (translator, backend): close both."""
     from twostep.runtime.translator import open_translator
 
     plain, be = open_translator(model_dir, backend, batch_size=limits.max_batch_rows, **backend_options)
     express = be.session() if limits.express else None
-    return BatchingTranslator(plain.session, plain.specials, plain.tokenizer, options, limits, metrics, express), be
+    translator = BatchingTranslator(plain.session, plain.limits, plain.tokenizer, options, limits, metrics, express)
+    return translator.start(), be
 
 
-__all__ = ["BatchLimits", "BatchingTranslator", "Metrics", "Overloaded", "batching_advice",
-           "open_batching_translator"]
+__all__ = ["LIMIT_KEYS", "BatchLimits", "BatchingEngine", "BatchingTranslator", "Metrics", "Overloaded",
+           "batching_advice", "open_batching_translator"]

@@ -4,6 +4,7 @@ replicas, and autoscaling adds replicas as their queues grow).
 
     twostep serve ART --ray [--replicas N | --autoscale MIN:MAX] [--num-cpus C] [--port 8000]
     serve run twostep.serving.ray_app:app_builder model_dir=ART [backend=ort-cpu] [replicas=2] [num_cpus=1]
+              [batching=static] [max_wait_ms=2] [express_tokens=11] [any other BatchLimits field=value]
 
 Every node of the cluster needs twostep installed and ART at the same path. Needs `pip install 'twostep[ray]'`.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from twostep.errors import BackendUnavailable
-from twostep.serving.executor import BATCHING, BatchLimits
+from twostep.serving.executor import LIMIT_KEYS, BatchLimits
 from twostep.serving.http import ServeConfig, build_app
 
 
@@ -40,16 +41,18 @@ def deployment(config: ServeConfig, replicas: int = 1, num_cpus: float = 1.0,
     return replica.bind()
 
 
+DEPLOYMENT_KEYS = ("model_dir", "backend", "threads", "replicas", "num_cpus")  # app_builder's; then LIMIT_KEYS
+
+
 def app_builder(args: dict[str, str]):
-    """For `serve run twostep.serving.ray_app:app_builder model_dir=... [key=value ...]`."""
-    known = {"model_dir", "backend", "threads", "replicas", "num_cpus", "batching", "express_tokens"}
-    unknown = set(args) - known
-    batching = args.get("batching", "inflight")
-    if unknown or "model_dir" not in args or batching not in BATCHING:
-        raise ValueError(f"arguments: model_dir=ART and optionally {sorted(known - {'model_dir'})} "
+    """For `serve run twostep.serving.ray_app:app_builder model_dir=... [key=value ...]`: the keys of
+    DEPLOYMENT_KEYS, and the batching limits (BatchLimits.from_strings)."""
+    limits = {key: value for key, value in args.items() if key not in DEPLOYMENT_KEYS}
+    if "model_dir" not in args or not set(limits) <= set(LIMIT_KEYS):
+        raise ValueError(f"arguments: model_dir=ART and optionally {[*DEPLOYMENT_KEYS[1:], *LIMIT_KEYS]} "
                          f"(batching=inflight, the default, or static); got {args}")
     config = ServeConfig(args["model_dir"], args.get("backend"), int(args["threads"]) if "threads" in args else None,
-                         BatchLimits(inflight=BATCHING[batching], express_tokens=int(args.get("express_tokens", 0))))
+                         BatchLimits.from_strings(limits))
     return deployment(config, replicas=int(args.get("replicas", 1)), num_cpus=float(args.get("num_cpus", 1)))
 
 

@@ -1,8 +1,8 @@
 """One backend interface: load, run, close; a context manager; input checks done once, here.
 
-A backend runs the two graphs by name on named numpy tensors. `session()` gives the decoding loop a
-`StepSession`; the default one below keeps the decoder's inputs as host arrays (twostep.runtime.backends.rows),
-and a backend that can keep them on its device (ort-cuda, trt) overrides it.
+A backend runs the two graphs by name on named numpy tensors. `session()` gives the decoding loop a step
+session (twostep.runtime.backends.session) over the decoder the backend chose: the plain one, or a variant of
+the artifact that it runs (ort-cpu's in-place decoder).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from twostep.errors import BadInput
-from twostep.exporter.spec import GraphSpec, present_name
-from twostep.model.config import ModelConfig
-from twostep.runtime.backends.rows import DecoderRows, NumpyOps
+from twostep.artifact.spec import GraphSpec
+from twostep.artifact.config import ModelConfig
 
 Feeds = dict[str, np.ndarray]
 
@@ -24,8 +23,7 @@ NUMPY_DTYPES = {"int64": np.int64, "float32": np.float32, "float16": np.float16}
 class Backend(ABC):
     name: str = "?"
     precision: str = "fp32"  # what it computes in: sets verify's tolerances (fp32, tf32, fp16, int8)
-    inplace: bool = False  # decodes with the artifact's in-place decoder (ort-cpu, twostep.exporter.inplace)
-    runs_inplace: bool = False  # would decode with the in-place decoder where the artifact has one
+    decoder: str = "decoder"  # the graph its sessions decode with: the plain decoder or a variant it runs
 
     def __init__(self, config: ModelConfig, graphs: dict[str, GraphSpec]):
         self.config, self.graphs = config, graphs
@@ -93,8 +91,17 @@ class Backend(ABC):
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             raise BadInput(f"{graph}.input_ids: token ids outside the vocabulary [0, {vocab})")
 
-    def session(self) -> "HostSession":
-        return HostSession(self)
+    def spec(self, graph: str) -> GraphSpec:
+        """A graph's I/O: one of the two, or (a backend that runs one) a variant of the artifact."""
+        return self.graphs[graph]
+
+    def session(self):
+        """A step session (twostep.runtime.backends.session.RowSession) over the decoder it chose."""
+        raise NotImplementedError
+
+    def inflight_advice(self) -> str | None:
+        """What a server that batches in flight should tell its operator about this backend's decoder, or None."""
+        return None
 
     @abstractmethod
     def _load(self) -> None: ...
@@ -104,54 +111,6 @@ class Backend(ABC):
 
     def _close(self) -> None:
         pass
-
-
-class HostSession:
-    """The decoding loop's view of a backend, with the decoder's inputs kept as host arrays between steps:
-    rows join, leave and trade places without moving the others (DecoderRows)."""
-
-    def __init__(self, backend: Backend):
-        self.backend = backend
-        self.decoder = backend.graphs["decoder"]
-        self.rows = DecoderRows(NumpyOps(), "encoder_attention_mask", [t.name for t in self.decoder.past_cross],
-                                [t.name for t in self.decoder.past_self])
-        self.presents = {t.name: present_name(t.name) for t in self.decoder.past_self}  # each step's new past
-
-    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Feeds:
-        return encode_sources(self.backend, self.decoder, input_ids, attention_mask)
-
-    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
-        tensors = self.encode(input_ids, attention_mask)
-        for t in self.decoder.past_self:
-            tensors[t.name] = np.zeros(t.concrete(batch=input_ids.shape[0], past_len=0), NUMPY_DTYPES[t.dtype])
-        self.rows.start(tensors, attention_mask.sum(1))
-
-    def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray, rows: np.ndarray) -> None:
-        self.rows.admit(self.encode(input_ids, attention_mask), attention_mask.sum(1), sources, rows)
-
-    def release(self, rows: np.ndarray) -> None:
-        self.rows.release(rows)
-
-    def step(self, input_ids: np.ndarray) -> np.ndarray:
-        # The inputs were checked when encoded; from here on the session makes them itself, so the per-step
-        # check is only the one that can fail: running past the position table.
-        rows = self.rows
-        check_positions(self.backend.config, rows.longest + input_ids.shape[1])
-        out = self.backend._run("decoder", {"input_ids": input_ids, "past_lengths": rows.lengths, **rows.tensors})
-        rows.advance({past: out[present] for past, present in self.presents.items()}, input_ids.shape[1])
-        return np.asarray(out["logits"][:, -1], dtype=np.float32)
-
-    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
-        self.rows.reorder(origin, cache_only)
-
-
-def encode_sources(backend: Backend, decoder, input_ids: np.ndarray, attention_mask: np.ndarray) -> Feeds:
-    """The mask and cross K/V that `decoder` (a graph spec) takes for a batch of sources, from the backend's
-    encoder: host arrays the session may write into."""
-    enc = backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
-    out = {"encoder_attention_mask": np.array(attention_mask)}
-    out.update({t.name: enc[present_name(t.name)] for t in decoder.past_cross})
-    return out
 
 
 def check_positions(config: ModelConfig, positions: int) -> None:

@@ -6,8 +6,8 @@ it: nothing is concatenated or handed back. Row r's history is its first lengths
 (`past_lengths`), so rows at different positions share a step: a sentence that joins a running batch takes a
 free row (its length 0) or a new one, and one that leaves frees its row; nothing else moves. The capacity
 doubles when a decode outgrows it. Beam search's reorder moves, in place, only the rows whose beam of origin
-is another row, and only their filled positions; mask and cross K/V (twostep.runtime.backends.rows) are
-written row by row as sentences join. Logits land in a buffer reused across steps, and one IO binding serves
+is another row, and only their filled positions; mask and cross K/V (the RowSession's rows) are written row
+by row as sentences join. Logits land in a buffer reused across steps, and one IO binding serves
 every step until a buffer changes: a step binds only its token ids and lengths.
 """
 
@@ -15,42 +15,42 @@ from __future__ import annotations
 
 import numpy as np
 
+from twostep.artifact.spec import INPLACE, present_name
 from twostep.errors import BadInput
-from twostep.exporter.spec import INPLACE, present_name
-from twostep.runtime.backends.base import NUMPY_DTYPES, check_positions, encode_sources
-from twostep.runtime.backends.rows import DecoderRows, NumpyOps
+from twostep.runtime.backends.base import NUMPY_DTYPES
+from twostep.runtime.backends.ortlib import import_ort
+from twostep.runtime.backends.session import HostSession
 
 FIRST_CAPACITY = 32
 
 
-class InplaceSession:
-    def __init__(self, backend):
-        from twostep.runtime.backends.ort import import_ort
+class InplaceSession(HostSession):
+    """The encoder runs as for the plain decoder (HostSession); the decoder's cache is this session's own."""
 
+    def __init__(self, backend):
+        super().__init__(backend, INPLACE, own_cache=True)
         self.ort = import_ort()
-        self.backend = backend
         self.session = backend.sessions[INPLACE]
-        self.spec = backend.artifact.variants[INPLACE]
-        self.self_names = [t.name for t in self.spec.past_self]
-        self.dtype = NUMPY_DTYPES[self.spec.past_self[0].dtype]
-        self.rows = DecoderRows(NumpyOps(), "encoder_attention_mask", [t.name for t in self.spec.past_cross])
+        self.self_names = [t.name for t in self.decoder.past_self]
+        self.dtype = NUMPY_DTYPES[self.decoder.past_self[0].dtype]
         self.capacity = 0
         self.cache: dict[str, np.ndarray] = {}
         self.logits = None
         self.binding = None  # bound to mask, cross K/V, cache and logits; None once one of them is a new array
         self.bound_tensors: list = []  # the mask and cross K/V arrays it is bound to (rows.fit may replace them)
 
-    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict:
-        return encode_sources(self.backend, self.spec, input_ids, attention_mask)
+    def empty_cache(self, batch: int) -> dict:
+        """None in the rows: the buffers are the session's, made anew at the first capacity."""
+        self.cache, self.capacity = {}, 0
+        return {}
 
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
-        self.rows.start(self.encode(input_ids, attention_mask), attention_mask.sum(1))
-        self.cache, self.capacity = {}, 0
+        super().start(input_ids, attention_mask)
         self.reserve(FIRST_CAPACITY)
 
     def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray, rows: np.ndarray) -> None:
         before = self.rows.rows
-        self.rows.admit(self.encode(input_ids, attention_mask), attention_mask.sum(1), sources, rows)
+        super().admit(input_ids, attention_mask, sources, rows)
         if self.rows.rows > before:  # new rows at the end: their cache is never read before it is written
             for name in self.self_names:
                 grown = np.zeros((self.rows.rows, *self.cache[name].shape[1:]), self.dtype)
@@ -58,16 +58,13 @@ class InplaceSession:
                 self.cache[name] = grown
         self.binding = None
 
-    def release(self, rows: np.ndarray) -> None:
-        self.rows.release(rows)
-
     def reserve(self, positions: int) -> None:
         """Capacity for `positions`: doubled (up to max_positions), the filled part copied over."""
         if positions <= self.capacity:
             return
         capacity = min(max(positions, 2 * self.capacity, FIRST_CAPACITY), self.backend.config.max_positions)
         filled = self.rows.longest
-        for t in self.spec.past_self:
+        for t in self.decoder.past_self:
             grown = np.zeros(t.concrete(batch=self.rows.rows, capacity=capacity), self.dtype)
             if t.name in self.cache:
                 grown[:, :, :filled] = self.cache[t.name][:, :, :filled]
@@ -93,9 +90,8 @@ class InplaceSession:
             self.binding = binding
         return self.binding
 
-    def step(self, input_ids: np.ndarray) -> np.ndarray:
+    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
         new, longest, rows = input_ids.shape[1], self.rows.longest, self.rows.rows
-        check_positions(self.backend.config, longest + new)
         if new > 1 and longest > 0 and rows > 1:
             raise BadInput("the in-place decoder takes one new token per step once the cache holds a past "
                            "(ONNX Runtime's GroupQueryAttention); feed tokens one at a time or use kv_cache='concat'")
@@ -110,8 +106,7 @@ class InplaceSession:
         binding.bind_cpu_input("input_ids", self.feeds[0])
         binding.bind_cpu_input("past_lengths", self.feeds[1])
         self.session.run_with_iobinding(binding)
-        self.rows.advance({}, new)
-        return np.asarray(self.logits[:, -1], dtype=np.float32)
+        return np.asarray(self.logits[:, -1], dtype=np.float32), {}
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         origin = np.asarray(origin)
@@ -129,6 +124,6 @@ class InplaceSession:
                 buffer = np.zeros((len(origin), *self.cache[name].shape[1:]), self.dtype)
                 buffer[:, :, :filled] = self.cache[name][origin, :, :filled]
                 self.cache[name] = buffer
-        self.rows.reorder(origin, cache_only)
+        super().reorder(origin, cache_only)
         if not cache_only or len(origin) != rows:
             self.binding = None

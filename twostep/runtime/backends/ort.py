@@ -1,49 +1,32 @@
 """ONNX Runtime backends: `ort-cpu` (with the in-place decoder when the artifact has one), and `ort-cuda`
 (CUDA execution provider with IO binding, so that the KV cache and cross K/V stay on the device between
 steps; only token ids and beam origins cross to the host).
+
+Each picks its decoder from the artifact's graph entries: the first of `decoders` that the artifact holds.
 """
 
 from __future__ import annotations
 
-
 from twostep.artifact import Artifact, check_ledger, record_ledger
+from twostep.artifact.spec import GraphSpec, INPLACE
 from twostep.errors import BackendUnavailable, BadArtifact, BadInput
-from twostep.exporter.spec import INPLACE
 from twostep.runtime.backends.base import Backend, Feeds
+from twostep.runtime.backends.inplace import InplaceSession
+from twostep.runtime.backends.iobinding import IoBindingSession
+from twostep.runtime.backends.ortlib import import_ort, installed_ort_wheels
+from twostep.runtime.backends.session import HostSession
 
 
-def installed_ort_wheels() -> list[str]:
-    """The ONNX Runtime distributions installed: onnxruntime and onnxruntime-gpu share one module directory."""
-    from importlib import metadata
-
-    names = []
-    for name in ("onnxruntime", "onnxruntime-gpu"):
-        try:
-            metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        names.append(name)
-    return names
-
-
-def import_ort():
-    try:
-        import onnxruntime
-    except ImportError as exc:
-        raise BackendUnavailable(f"onnxruntime is not installed ({exc}); pip install onnxruntime") from None
-    return onnxruntime
-
-
-KV_CACHES = ("auto", "inplace", "concat")
+KV_CACHES = {"auto": None, "inplace": INPLACE, "concat": "decoder"}  # kv_cache -> the decoder it pins
 
 
 class OrtBackend(Backend):
-    """`kv_cache`: "inplace" decodes with the artifact's in-place decoder (twostep export --inplace-cache),
-    "concat" with the plain decoder, "auto" (the default) with the in-place one where the artifact has it."""
+    """`kv_cache`: "inplace" decodes with the artifact's in-place decoder (twostep.exporter.inplace), "concat"
+    with the plain decoder, "auto" (the default) with the in-place one where the artifact has it."""
 
     name = "ort-cpu"
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    runs_inplace = True  # the in-place decoder's kernel is ONNX Runtime's CPU one
+    decoders: tuple[str, ...] = (INPLACE, "decoder")  # those it runs, preferred first (the in-place kernel is CPU)
     spin_between_runs = False  # pool threads stop spinning when a run returns (session_options)
 
     def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all",
@@ -54,12 +37,24 @@ class OrtBackend(Backend):
         self.sessions: dict = {}
         if kv_cache not in KV_CACHES:
             raise BadInput(f"kv_cache {kv_cache!r}: choose one of {', '.join(KV_CACHES)}")
-        if kv_cache == "inplace" and not self.runs_inplace:
-            raise BadInput(f"{self.name} runs the plain decoder only; kv_cache 'inplace' is for ort-cpu")
-        if kv_cache == "inplace" and INPLACE not in artifact.variants:
+        pinned = KV_CACHES[kv_cache]
+        if pinned is not None and pinned not in self.decoders:
+            raise BadInput(f"{self.name} runs the plain decoder only; kv_cache {kv_cache!r} is for ort-cpu")
+        if pinned is not None and artifact.entry(pinned) is None:
             raise BadInput(f"{artifact.path} has no in-place decoder: export it with `twostep export "
                            "--inplace-cache`, or use kv_cache 'auto' or 'concat'")
-        self.inplace = self.runs_inplace and kv_cache != "concat" and INPLACE in artifact.variants
+        self.decoder = pinned or next(d for d in self.decoders if artifact.entry(d) is not None)
+
+    @property
+    def inplace(self) -> bool:
+        """Whether it decodes with the in-place decoder."""
+        return self.decoder == INPLACE
+
+    def spec(self, graph: str) -> GraphSpec:
+        entry = self.artifact.entry(graph)
+        if entry is None:
+            raise BadArtifact(f"{self.artifact.path} has no {graph} graph")
+        return entry.spec
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -100,9 +95,9 @@ class OrtBackend(Backend):
         return options
 
     def _load(self) -> None:
-        # With the in-place decoder, the plain one is loaded only if something runs it (verify's graph
-        # parity): decoding never does, and it would hold a second copy of the decoder's weights.
-        for graph in ["encoder", INPLACE] if self.inplace else list(self.graphs):
+        # With a variant decoder, the plain one is loaded only if something runs it (verify's graph parity):
+        # decoding never does, and it would hold a second copy of the decoder's weights.
+        for graph in ("encoder", self.decoder):
             self.open_session(graph)
 
     def open_session(self, graph: str) -> None:
@@ -118,7 +113,7 @@ class OrtBackend(Backend):
         return list(self.providers)
 
     def gather_providers(self) -> list:
-        """Providers for the beam-reorder Gather sessions (ort_cuda.IoBindingSession)."""
+        """Providers for the row-moving array sessions (iobinding.IoBindingSession)."""
         return list(self.providers)
 
     def _run(self, graph: str, feeds: Feeds) -> Feeds:
@@ -131,13 +126,22 @@ class OrtBackend(Backend):
     def _close(self) -> None:
         self.sessions.clear()
 
-    def session(self):
-        if not self.inplace:
-            return super().session()
-        from twostep.runtime.backends.inplace import InplaceSession
-
+    def session(self) -> HostSession:
         self.load()
-        return InplaceSession(self)
+        return InplaceSession(self) if self.inplace else HostSession(self)
+
+    def inflight_advice(self) -> str | None:
+        """In flight with the plain decoder, the batch's self-attention cache is as wide as its oldest sentence's
+        history (every row attends over it and the graph copies it each step), and its throughput measured
+        about static batching's at best (docs/benchmarks.md); the in-place decoder attends over each row's own
+        history."""
+        if self.inplace or INPLACE not in self.decoders:
+            return None
+        remedy = ("decode with it (kv_cache 'auto' or 'inplace')" if self.artifact.entry(INPLACE) is not None else
+                  "export the model with `twostep export --inplace-cache` for ONNX Runtime's in-place decoder")
+        return (f"in-flight batching on {self.name} with the plain decoder: its KV cache is as wide as the oldest "
+                "sentence's history, and its throughput measured about static batching's at best "
+                f"(docs/benchmarks.md); {remedy}")
 
 
 class OrtCudaBackend(OrtBackend):
@@ -146,7 +150,7 @@ class OrtCudaBackend(OrtBackend):
 
     name = "ort-cuda"
     providers = ("CUDAExecutionProvider", "CPUExecutionProvider")
-    runs_inplace = False
+    decoders = ("decoder",)
 
     def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all", tf32: bool = False):
         super().__init__(artifact, threads, optimization)
@@ -163,9 +167,7 @@ class OrtCudaBackend(OrtBackend):
     def gather_providers(self) -> list:
         return [self.cuda_provider()]
 
-    def session(self):
-        from twostep.runtime.backends.ort_cuda import IoBindingSession
-
+    def session(self) -> IoBindingSession:
         self.load()
         return IoBindingSession(self, "cuda")
 
@@ -233,8 +235,6 @@ class OrtTrtBackend(OrtCudaBackend):
             "trt_profile_max_shapes": shapes(2),
         }
 
-    def session(self):
-        from twostep.runtime.backends.ort_cuda import IoBindingSession
-
+    def session(self) -> IoBindingSession:
         self.load()
         return IoBindingSession(self, "cuda", profile=self.profile)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twostep.errors import BadInput
-from twostep.model.config import ModelConfig
+from twostep.artifact.config import ModelConfig
 
 DEFAULT_ROWS = 64  # decode rows (batch x beam) an engine holds unless a workload needs more
 DEFAULT_SRC_LEN = 256

@@ -1,14 +1,20 @@
-"""`torch`: the eager reference, running `encode`/`decode_step` behind the graphs' tensor names."""
+"""`torch`: the eager reference, running `encode`/`decode_step` behind the graphs' tensor names.
+
+Its session keeps the decoder's inputs between steps in torch tensors under the graphs' names, like every other
+session (the RowSession base): rows at different positions, sentences joining and leaving.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from twostep.exporter.graphs import DecoderGraph, EncoderGraph
-from twostep.exporter.spec import graph_specs
+from twostep.artifact.spec import graph_specs
+from twostep.model.graphs import DecoderGraph, EncoderGraph, pairs
 from twostep.model.transformer import Transformer
 from twostep.runtime.backends.base import Backend, Feeds
+from twostep.runtime.backends.rows import TorchOps
+from twostep.runtime.backends.session import MASK, RowSession
 
 
 class TorchBackend(Backend):
@@ -44,8 +50,50 @@ class TorchBackend(Backend):
             outputs = [logits, *present]
         return {name: out.float().cpu().numpy() for name, out in zip(spec.output_names, outputs)}
 
-    def session(self):
-        from twostep.runtime.torch_session import TorchSession
-
+    def session(self) -> "TorchSession":
         self.load()
         return TorchSession(self.model, self.device)
+
+
+class TorchSession(RowSession):
+    """Every call runs in inference mode: the rows' tensors are inference tensors, written in place."""
+
+    def __init__(self, model: Transformer, device: str | torch.device = "cpu"):
+        self.model = model.eval()
+        self.device = torch.device(device)
+        super().__init__(model.config, graph_specs(model.config)["decoder"], TorchOps(torch))
+        self.cross_names = [t.name for t in self.decoder.past_cross]
+        self.self_names = [t.name for t in self.decoder.past_self]
+
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: int) -> dict:
+        mask = torch.from_numpy(np.array(attention_mask)).to(self.device)
+        cross = self.model.encode(torch.from_numpy(input_ids).to(self.device), mask)
+        return {MASK: mask, **dict(zip(self.cross_names, (t for kv in cross for t in kv)))}
+
+    def empty_cache(self, batch: int) -> dict:
+        empty = self.model.empty_cache(batch)
+        return dict(zip(self.self_names, (t.to(self.device) for kv in empty for t in kv)))
+
+    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
+        t = self.rows.tensors
+        ids = torch.from_numpy(input_ids).to(self.device)
+        lengths = torch.from_numpy(self.rows.lengths.copy()).to(self.device)
+        logits, present = self.model.decode_step(ids, t[MASK], pairs([t[n] for n in self.self_names]),
+                                                 pairs([t[n] for n in self.cross_names]), lengths)
+        return logits[:, -1].float().cpu().numpy(), dict(zip(self.self_names, (x for kv in present for x in kv)))
+
+    @torch.inference_mode()
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
+        super().start(input_ids, attention_mask)
+
+    @torch.inference_mode()
+    def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray, rows: np.ndarray) -> None:
+        super().admit(input_ids, attention_mask, sources, rows)
+
+    @torch.inference_mode()
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        return super().step(input_ids)
+
+    @torch.inference_mode()
+    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
+        super().reorder(origin, cache_only)

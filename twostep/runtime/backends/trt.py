@@ -26,11 +26,12 @@ import numpy as np
 
 from twostep.artifact import Artifact
 from twostep.errors import BackendUnavailable, BadArtifact, BadInput
-from twostep.exporter.spec import present_name
+from twostep.artifact.spec import present_name
 from twostep.files import write_file_atomic
-from twostep.runtime.backends.base import Backend, Feeds, check_positions
+from twostep.runtime.backends.base import Backend, Feeds
 from twostep.runtime.backends.profile import Profile
-from twostep.runtime.backends.rows import DecoderRows, TorchOps
+from twostep.runtime.backends.rows import TorchOps
+from twostep.runtime.backends.session import MASK, RowSession
 
 INSTALL = "pip install 'twostep[trt]' (TensorRT 10 or 11 wheels) on a machine with an NVIDIA GPU and CUDA"
 
@@ -51,7 +52,7 @@ def gpu_name() -> str:
 
 def engine_precision(artifact: Artifact, fp16: bool = False, tf32: bool = False) -> str:
     """What an engine computes in: "fp16" (an fp16 artifact, or --fp16), "tf32" (opted in), else "fp32"."""
-    if artifact.precision == "int8" or artifact.manifest.get("fusions"):
+    if artifact.precision == "int8" or artifact.manifest.fusions:
         raise BadArtifact(f"{artifact.path}: TensorRT builds fp32 or fp16 artifacts exported without --optimize; "
                           "re-export with --dtype fp32 or fp16")
     if fp16 or artifact.precision == "fp16":
@@ -256,16 +257,15 @@ class TrtBackend(Backend):
         self.engines.clear()
 
 
-class TrtSession:
+class TrtSession(RowSession):
     """The decoding loop's view: KV cache, cross K/V and mask stay on the GPU (torch tensors, with the row
-    bookkeeping of twostep.runtime.backends.rows); token ids and lengths go up, the last position's logits
-    come down; rows move on the device (beam reorder, sentences joining a running batch)."""
+    bookkeeping of the RowSession base); token ids and lengths go up, the last position's logits come down; rows
+    move on the device (beam reorder, sentences joining a running batch), on the backend's stream."""
 
     def __init__(self, backend: TrtBackend):
         self.backend, self.torch = backend, backend.torch
-        self.decoder = backend.graphs["decoder"]
-        self.rows = DecoderRows(TorchOps(self.torch), "encoder_attention_mask", [s.name for s in self.decoder.past_cross],
-                                [s.name for s in self.decoder.past_self], max_width=backend.profile.max_new_tokens - 1)
+        super().__init__(backend.config, backend.graphs["decoder"], TorchOps(self.torch),
+                         max_width=backend.profile.max_new_tokens - 1)
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: int) -> dict:
         b, t = self.backend, self.torch
@@ -273,36 +273,34 @@ class TrtSession:
         b.profile.check({"batch": rows, "src_len": input_ids.shape[1]})
         mask = t.from_numpy(np.array(attention_mask)).to(b.device)
         enc = b.execute("encoder", {"input_ids": t.from_numpy(input_ids).to(b.device), "attention_mask": mask})
-        return {"encoder_attention_mask": mask, **{s.name: enc[present_name(s.name)] for s in self.decoder.past_cross}}
+        return {MASK: mask, **{s.name: enc[present_name(s.name)] for s in self.decoder.past_cross}}
 
+    def empty_cache(self, batch: int) -> dict:
+        b = self.backend
+        return {s.name: self.torch.empty(s.concrete(batch=batch, past_len=0), dtype=b.torch_dtype("decoder", s.name),
+                                         device=b.device) for s in self.decoder.past_self}
+
+    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
+        b, t, rows = self.backend, self.torch, self.rows
+        b.profile.check({"batch": rows.rows, "past_len": rows.past_len, "new_len": input_ids.shape[1]})
+        out = b.execute("decoder", {"input_ids": t.from_numpy(input_ids).to(b.device),
+                                    "past_lengths": t.from_numpy(rows.lengths.copy()).to(b.device), **rows.tensors})
+        presents = {s.name: out[present_name(s.name)] for s in self.decoder.past_self}
+        return out["logits"][:, -1].float().cpu().numpy(), presents
+
+    # Every call runs on the backend's stream: the rows' indices live on the stream that reads them.
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
-        b, t = self.backend, self.torch
-        with b.on_stream():
-            tensors = self.encode(input_ids, attention_mask, input_ids.shape[0])
-            for s in self.decoder.past_self:
-                tensors[s.name] = t.empty(s.concrete(batch=input_ids.shape[0], past_len=0),
-                                          dtype=b.torch_dtype("decoder", s.name), device=b.device)
-            self.rows.start(tensors, attention_mask.sum(1))
+        with self.backend.on_stream():
+            super().start(input_ids, attention_mask)
 
     def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray, rows: np.ndarray) -> None:
-        with self.backend.on_stream():  # the rows' indices live on the stream that reads them
-            tensors = self.encode(input_ids, attention_mask, max(self.rows.rows, int(rows.max()) + 1))
-            self.rows.admit(tensors, attention_mask.sum(1), sources, rows)
-
-    def release(self, rows: np.ndarray) -> None:
-        self.rows.release(rows)
+        with self.backend.on_stream():
+            super().admit(input_ids, attention_mask, sources, rows)
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
-        b, t, rows, new = self.backend, self.torch, self.rows, input_ids.shape[1]
-        check_positions(b.config, rows.longest + new)
-        b.profile.check({"batch": rows.rows, "past_len": rows.past_len, "new_len": new})
-        with b.on_stream():
-            out = b.execute("decoder", {"input_ids": t.from_numpy(input_ids).to(b.device),
-                                        "past_lengths": t.from_numpy(rows.lengths.copy()).to(b.device), **rows.tensors})
-            rows.advance({s.name: out[present_name(s.name)] for s in self.decoder.past_self}, new)
-            logits = out["logits"][:, -1].float().cpu()
-        return logits.numpy()
+        with self.backend.on_stream():
+            return super().step(input_ids)
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
-        with self.backend.on_stream():  # the index lives on the stream that reads it
-            self.rows.reorder(origin, cache_only)
+        with self.backend.on_stream():
+            super().reorder(origin, cache_only)

@@ -9,9 +9,9 @@ from sacrebleu.metrics import BLEU, CHRF
 from twostep.errors import BadCheckpoint
 from twostep.model.checkpoint import Checkpoint
 from twostep.model.tasks import get_task
+from twostep.runtime.backends.torch_backend import TorchSession
 from twostep.runtime.tokenizer import Tokenizer
-from twostep.runtime.torch_session import TorchSession
-from twostep.runtime.translator import Specials, Translator
+from twostep.runtime.translator import Limits, Translator
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Scores:
 def checkpoint_translator(ckpt: Checkpoint, batch_size: int = 64) -> Translator:
     if ckpt.tokenizer_path is None:
         raise BadCheckpoint(f"{ckpt.path}: no tokenizer.model; text commands need a tokenizer")
-    return Translator(TorchSession(ckpt.model), Specials.of(ckpt.config), Tokenizer(ckpt.tokenizer_path), batch_size)
+    return Translator(TorchSession(ckpt.model), Limits.of(ckpt.config), Tokenizer(ckpt.tokenizer_path), batch_size)
 
 
 def score(hypotheses: list[str], references: list[str], task: str, split: str) -> Scores:

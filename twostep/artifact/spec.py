@@ -1,4 +1,4 @@
-"""The two graphs' inputs and outputs, declared once.
+"""The graphs an artifact may hold, and their inputs and outputs, declared once.
 
 This one declaration drives `torch.onnx.export` (names, dynamic axes), validation after export, the
 manifest, the runtime's input checks, and any other consumer (TensorRT profiles, the C++ reader). The
@@ -20,10 +20,11 @@ batch as a row with past_lengths 0, next to rows that are further on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from twostep.model.config import ModelConfig
+from twostep.artifact.config import ModelConfig
 
 Dim = str | int  # a symbolic axis name, or a fixed size
 
@@ -106,21 +107,26 @@ def graph_specs(config: ModelConfig, dtype: str = "float32") -> dict[str, GraphS
                 TensorSpec("attention_mask", "int64", ("batch", "src_len"))),
         outputs=tuple(cross_present),
     )
-    decoder = GraphSpec(
-        "decoder",
+    return {"encoder": encoder, "decoder": step_decoder_spec(config, dtype, "decoder", "past_len", "past_len + new_len")}
+
+
+def step_decoder_spec(config: ModelConfig, dtype: str, name: str, past: Dim, present: Dim) -> GraphSpec:
+    """A step decoder's I/O, its self-attention cache `past` positions wide in and `present` out."""
+    n, h, dk, dv = config.n_decoder_layers, config.n_heads, config.head_dim_k, config.head_dim_v
+    return GraphSpec(
+        name,
         inputs=(
             TensorSpec("input_ids", "int64", ("batch", "new_len")),
             TensorSpec("encoder_attention_mask", "int64", ("batch", "src_len")),
             TensorSpec("past_lengths", "int64", ("batch",)),
-            *kv_specs("past_{kind}_self", n, h, dk, dv, "past_len", dtype),
+            *kv_specs("past_{kind}_self", n, h, dk, dv, past, dtype),
             *kv_specs("past_{kind}_cross", n, h, dk, dv, "src_len", dtype),
         ),
         outputs=(
             TensorSpec("logits", dtype, ("batch", "new_len", config.tgt_vocab_size)),
-            *kv_specs("present_{kind}_self", n, h, dk, dv, "past_len + new_len", dtype),
+            *kv_specs("present_{kind}_self", n, h, dk, dv, present, dtype),
         ),
     )
-    return {"encoder": encoder, "decoder": decoder}
 
 
 # The in-place decoder, an ONNX Runtime-only variant of the decoder (twostep.exporter.inplace): past and present
@@ -128,11 +134,12 @@ def graph_specs(config: ModelConfig, dtype: str = "float32") -> dict[str, GraphS
 # its first positions (right-padded, where the plain decoder's cache is left-padded).
 INPLACE = "decoder_inplace"
 INPLACE_FILE = "decoder_inplace.onnx"
-INPLACE_OPS = ["com.microsoft.GroupQueryAttention"]
 
 
-def inplace_unsupported(config: ModelConfig) -> str | None:
+def inplace_unsupported(config: ModelConfig, precision: str) -> str | None:
     """Why this model cannot have the in-place decoder, or None."""
+    if precision == "fp16":
+        return "it is for ONNX Runtime on the CPU (fp32 or int8); fp16 artifacts run on GPUs"
     if config.head_dim_k != config.head_dim_v:
         return f"its key and value head sizes differ ({config.head_dim_k} and {config.head_dim_v})"
     if config.head_dim_k % 8:
@@ -141,18 +148,45 @@ def inplace_unsupported(config: ModelConfig) -> str | None:
 
 
 def inplace_spec(config: ModelConfig, dtype: str = "float32") -> GraphSpec:
-    n, h, dk, dv = config.n_decoder_layers, config.n_heads, config.head_dim_k, config.head_dim_v
-    return GraphSpec(
-        INPLACE,
-        inputs=(
-            TensorSpec("input_ids", "int64", ("batch", "new_len")),
-            TensorSpec("encoder_attention_mask", "int64", ("batch", "src_len")),
-            TensorSpec("past_lengths", "int64", ("batch",)),
-            *kv_specs("past_{kind}_self", n, h, dk, dv, "capacity", dtype),
-            *kv_specs("past_{kind}_cross", n, h, dk, dv, "src_len", dtype),
-        ),
-        outputs=(
-            TensorSpec("logits", dtype, ("batch", "new_len", config.tgt_vocab_size)),
-            *kv_specs("present_{kind}_self", n, h, dk, dv, "capacity", dtype),
-        ),
-    )
+    """The cache in and out is one buffer of any capacity."""
+    return step_decoder_spec(config, dtype, INPLACE, "capacity", "capacity")
+
+
+def encoder_spec(config: ModelConfig, dtype: str = "float32") -> GraphSpec:
+    return graph_specs(config, dtype)["encoder"]
+
+
+def decoder_spec(config: ModelConfig, dtype: str = "float32") -> GraphSpec:
+    return graph_specs(config, dtype)["decoder"]
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """A graph an artifact may hold: its file, its I/O for a model (`spec(config, dtype)`), the exporter function
+    that writes it (`builder`, "module:function", called as function(model, path, opset) on the fp32 model),
+    and, for a variant, the only runtime that runs it, the non-standard ops it needs and why a model cannot have
+    it (`unsupported(config, precision)`). The contract's graphs (`runtime` None) run on any ONNX runtime and
+    every artifact has them; a variant is written wherever the model allows it, and a backend that runs it
+    finds it among the artifact's entries."""
+
+    name: str
+    file: str
+    spec: Callable[[ModelConfig, str], GraphSpec]
+    builder: str
+    runtime: str | None = None
+    ops: tuple[str, ...] = ()
+    unsupported: Callable[[ModelConfig, str], str | None] = lambda config, precision: None
+
+    @property
+    def variant(self) -> bool:
+        return self.runtime is not None
+
+
+# The list of graph builders: what `twostep export` writes, in this order, and what load_artifact accepts.
+GRAPHS: dict[str, GraphInfo] = {info.name: info for info in (
+    GraphInfo("encoder", "encoder.onnx", encoder_spec, "twostep.exporter.graphs:export_encoder"),
+    GraphInfo("decoder", "decoder.onnx", decoder_spec, "twostep.exporter.graphs:export_decoder"),
+    GraphInfo(INPLACE, INPLACE_FILE, inplace_spec, "twostep.exporter.inplace:export_inplace",
+              runtime="onnxruntime", ops=("com.microsoft.GroupQueryAttention",), unsupported=inplace_unsupported),
+)}
+CONTRACT = tuple(name for name, info in GRAPHS.items() if not info.variant)  # every artifact's two graphs

@@ -21,7 +21,7 @@ from twostep.errors import OutputError
 from twostep.files import output_directory
 from twostep.model.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint, write_checkpoint
 from twostep.model.config import preset
-from twostep.model.evaluate import Scores, checkpoint_translator, evaluate
+from twostep.training.evaluate import Scores, checkpoint_translator, evaluate
 from twostep.model.tasks import get_task
 from twostep.model.transformer import Transformer
 from twostep.runtime.tokenizer import Tokenizer, train_tokenizer

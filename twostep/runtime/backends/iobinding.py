@@ -1,9 +1,7 @@
-"""The ort-cuda step session: IO binding for every input and output, the decoder's inputs (KV cache, cross K/V,
-mask) kept on the device as OrtValues across steps. Token ids and lengths go up, logits of the last position
-come down; rows move on the device (beam reorder, sentences joining a running batch) through small graphs
-(`array_model`: Gather + Slice, Pad, ScatterND), with the row bookkeeping of twostep.runtime.backends.rows.
-
-Imported only when the ort-cuda backend is chosen.
+"""The ort-cuda (and ort-trt) step session: IO binding for every input and output, the decoder's inputs (KV
+cache, cross K/V, mask) kept on the device as OrtValues across steps. Token ids and lengths go up, logits of the
+last position come down; rows move on the device (beam reorder, sentences joining a running batch) through small
+graphs (`array_model`: Gather + Slice, Pad, ScatterND), with the row bookkeeping of the RowSession base.
 """
 
 from __future__ import annotations
@@ -11,14 +9,13 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from twostep.exporter.spec import present_name
-from twostep.runtime.backends.base import NUMPY_DTYPES, check_positions
-from twostep.runtime.backends.ort import OrtBackend, import_ort
-from twostep.runtime.backends.rows import DecoderRows
+from twostep.artifact.spec import present_name
+from twostep.runtime.backends.base import NUMPY_DTYPES
+from twostep.runtime.backends.ortlib import import_ort
+from twostep.runtime.backends.session import MASK, RowSession
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
-MASK = "encoder_attention_mask"
 
 
 def array_model(kind: str, dtype: str, opset: int) -> bytes:
@@ -90,20 +87,19 @@ class OrtOps:
         return self.run("put", x, indices=np.ascontiguousarray(rows, dtype=np.int64)[:, None], updates=y)
 
 
-class IoBindingSession:
+class IoBindingSession(RowSession):
     """`device_type` is "cuda" for ort-cuda and ort-trt; "cpu" runs the same binding logic on the CPU (tests
     do). `profile`: the TensorRT engine profile (ort-trt), checked before each run."""
 
-    def __init__(self, backend: OrtBackend, device_type: str = "cuda", device_id: int = 0, profile=None):
+    def __init__(self, backend, device_type: str = "cuda", device_id: int = 0, profile=None):
         self.ort = import_ort()
         self.backend, self.device_type, self.device_id, self.profile = backend, device_type, device_id, profile
-        self.decoder = backend.graphs["decoder"]
-        self.dtype = self.decoder.outputs[0].dtype
+        decoder = backend.graphs["decoder"]
+        self.dtype = decoder.outputs[0].dtype
         self.ops = OrtOps(self.ort, backend.gather_providers(), device_type, device_id,
-                          backend.artifact.manifest["opset"], {self.dtype, "int64"})
-        self.rows = DecoderRows(self.ops, MASK, [t.name for t in self.decoder.past_cross],
-                                [t.name for t in self.decoder.past_self],
-                                max_width=None if profile is None else profile.max_new_tokens - 1)
+                          backend.artifact.manifest.opset, {self.dtype, "int64"})
+        super().__init__(backend.config, decoder, self.ops,
+                         max_width=None if profile is None else profile.max_new_tokens - 1)
 
     def to_device(self, array: np.ndarray):
         return self.ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device_type, self.device_id)
@@ -127,33 +123,19 @@ class IoBindingSession:
         enc = self.run("encoder", {"input_ids": self.to_device(input_ids), "attention_mask": mask})
         return {MASK: mask, **{t.name: enc[present_name(t.name)] for t in self.decoder.past_cross}}
 
-    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
-        tensors = self.encode(input_ids, attention_mask, input_ids.shape[0])
-        for t in self.decoder.past_self:
-            tensors[t.name] = self.ort.OrtValue.ortvalue_from_shape_and_type(
-                list(t.concrete(batch=input_ids.shape[0], past_len=0)), NUMPY_DTYPES[t.dtype], self.device_type,
-                self.device_id)
-        self.rows.start(tensors, attention_mask.sum(1))
+    def empty_cache(self, batch: int) -> dict:
+        return {t.name: self.ort.OrtValue.ortvalue_from_shape_and_type(
+                    list(t.concrete(batch=batch, past_len=0)), NUMPY_DTYPES[t.dtype], self.device_type, self.device_id)
+                for t in self.decoder.past_self}
 
-    def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray, rows: np.ndarray) -> None:
-        tensors = self.encode(input_ids, attention_mask, max(self.rows.rows, int(rows.max()) + 1))
-        self.rows.admit(tensors, attention_mask.sum(1), sources, rows)
-
-    def release(self, rows: np.ndarray) -> None:
-        self.rows.release(rows)
-
-    def step(self, input_ids: np.ndarray) -> np.ndarray:
-        rows, new = self.rows, input_ids.shape[1]
-        check_positions(self.backend.config, rows.longest + new)
+    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
+        rows = self.rows
         if self.profile is not None:
-            self.profile.check({"batch": rows.rows, "past_len": rows.past_len, "new_len": new})
+            self.profile.check({"batch": rows.rows, "past_len": rows.past_len, "new_len": input_ids.shape[1]})
         out = self.run("decoder", {"input_ids": self.to_device(input_ids), "past_lengths": self.to_device(rows.lengths),
                                    **rows.tensors})
-        rows.advance({t.name: out[present_name(t.name)] for t in self.decoder.past_self}, new)
-        return np.asarray(out["logits"].numpy()[:, -1], dtype=np.float32)
-
-    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
-        self.rows.reorder(origin, cache_only)
+        presents = {t.name: out[present_name(t.name)] for t in self.decoder.past_self}
+        return np.asarray(out["logits"].numpy()[:, -1], dtype=np.float32), presents
 
 
 __all__ = ["IoBindingSession", "OrtOps", "array_model"]

@@ -1,0 +1,179 @@
+"""manifest.json as a frozen value: what export writes and load_artifact returns. Nothing outside this package
+reads the manifest's raw keys.
+
+    format, schema_version   "twostep-artifact", 2
+    model                    the model config (twostep.artifact.config)
+    special_tokens           pad, unk, bos, eos (the config's ids)
+    source_suffix            "eos": source token ids end with eos; decoding starts from bos
+    max_positions, dtype, precision, quantization, fusions, opset
+    graphs                   the contract's two graphs: {name: {file, inputs, outputs}}
+    variants                 runtime-specific graphs beside them: {name: {file, inputs, outputs, runtime, ops}}
+    tokenizer, task, exporter, validation
+    files                    sha256 of every file of the artifact
+
+`parse` checks every part a consumer relies on (any problem is a BadArtifact); the graphs' I/O must be exactly
+what the model config implies (twostep.artifact.spec). Variants this twostep does not know (from a newer one)
+are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from twostep.artifact.config import ModelConfig
+from twostep.artifact.spec import CONTRACT, GRAPHS, GraphSpec
+from twostep.artifact.trust import safe_name
+from twostep.errors import BadArtifact, BadCheckpoint
+
+FORMAT = "twostep-artifact"
+# 2: the decoder takes past_lengths [batch], so that rows of one batch can be at different positions (a sentence
+# joins a running batch). 1: every row at the cache's one position.
+SCHEMA_VERSION = 2
+DTYPES = ("float32", "float16")
+PRECISIONS = ("fp32", "fp16", "int8")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class GraphEntry:
+    """A graph of the artifact: its file and I/O, and for a variant the runtime and ops it needs."""
+
+    name: str
+    file: str
+    spec: GraphSpec
+    runtime: str | None = None
+    ops: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"file": self.file, **self.spec.to_dict()}
+        if self.runtime is not None:
+            out.update(runtime=self.runtime, ops=list(self.ops))
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    config: ModelConfig
+    dtype: str  # the graphs' float I/O dtype
+    precision: str  # the weights': fp32, fp16 or int8
+    opset: int
+    graphs: Mapping[str, GraphEntry]  # the contract's two, then the variants this twostep knows
+    tokenizer: str | None = None
+    task: str | None = None
+    quantization: dict | None = None
+    fusions: dict | None = None  # com.microsoft ops: ONNX Runtime only
+    exporter: dict = field(default_factory=dict)
+    validation: dict | None = None
+    files: Mapping[str, str] = field(default_factory=dict)  # every file's sha256
+
+    @property
+    def variants(self) -> dict[str, GraphEntry]:
+        return {name: entry for name, entry in self.graphs.items() if name not in CONTRACT}
+
+    def graph_files(self) -> list[str]:
+        return [entry.file for entry in self.graphs.values()]
+
+    def opened_files(self) -> list[str]:
+        """The files the runtime opens itself: the graphs and the tokenizer."""
+        return self.graph_files() + ([self.tokenizer] if self.tokenizer else [])
+
+    def replace(self, **changes: Any) -> "Manifest":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.config
+        out = {
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "model": c.to_dict(),
+            "special_tokens": {"pad": c.pad_id, "unk": c.unk_id, "bos": c.bos_id, "eos": c.eos_id},
+            "source_suffix": "eos",
+            "max_positions": c.max_positions,
+            "dtype": self.dtype,
+            "precision": self.precision,
+            "quantization": self.quantization,
+            "fusions": self.fusions,
+            "opset": self.opset,
+            "graphs": {name: self.graphs[name].to_json() for name in CONTRACT},
+            "variants": {name: entry.to_json() for name, entry in self.variants.items()},
+            "tokenizer": self.tokenizer,
+            "task": self.task,
+            "exporter": self.exporter,
+        }
+        if self.validation is not None:
+            out["validation"] = self.validation
+        out["files"] = dict(self.files)
+        return out
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> "Manifest":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise BadArtifact(f"{where}: not a twostep manifest (format != {FORMAT!r})")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION or isinstance(version, bool):
+            raise BadArtifact(schema_message(where, version))
+        try:
+            config = ModelConfig.from_dict(value(data, "model", dict, where))
+        except BadCheckpoint as exc:
+            raise BadArtifact(f"{where}: malformed manifest ({exc})") from None
+        dtype = value(data, "dtype", str, where, DTYPES)
+        precision = value(data, "precision", str, where, PRECISIONS) if "precision" in data else "fp32"
+        if value(data, "max_positions", int, where) != config.max_positions:
+            raise BadArtifact(f"{where}: malformed manifest (max_positions differs from model.max_positions)")
+        opset = value(data, "opset", int, where)
+        tokenizer = data.get("tokenizer")
+        if tokenizer is not None:
+            safe_name(tokenizer, where)
+        files = value(data, "files", dict, where)
+        for name, digest in files.items():
+            safe_name(name, where)
+            if not isinstance(digest, str) or not SHA256.fullmatch(digest):
+                raise BadArtifact(f"{where}: malformed manifest (sha256 of {name!r} is {digest!r:.80})")
+        graphs = value(data, "graphs", dict, where)
+        variants = data.get("variants", {})  # artifacts of an older twostep have none
+        if not isinstance(variants, dict):
+            raise BadArtifact(f"{where}: malformed manifest ('variants' is {type(variants).__name__})")
+        entries = {}
+        for name, info in GRAPHS.items():
+            section, key = (graphs, "graphs") if name in CONTRACT else (variants, "variants")
+            if name not in CONTRACT and name not in variants:
+                continue
+            entry = value(section, name, dict, f"{where}: {key}")
+            file = safe_name(value(entry, "file", str, f"{where}: {key}.{name}"), where)
+            spec = info.spec(config, dtype)
+            if {k: entry.get(k) for k in ("inputs", "outputs")} != spec.to_dict():
+                raise BadArtifact(f"{where}: {key}.{name} inputs/outputs are not those the model config implies; "
+                                  "the manifest was edited or is damaged: re-export the artifact")
+            entries[name] = GraphEntry(name, file, spec, info.runtime, tuple(entry.get("ops", info.ops)))
+        task = data.get("task")
+        return cls(config=config, dtype=dtype, precision=precision, opset=opset, graphs=entries,
+                   tokenizer=tokenizer, task=task if isinstance(task, str) else None,
+                   quantization=data.get("quantization"), fusions=data.get("fusions"),
+                   exporter=data.get("exporter") or {}, validation=data.get("validation"), files=files)
+
+
+def value(data: dict, key: str, types: type | tuple[type, ...], where: str, choices: tuple = ()) -> Any:
+    if key not in data:
+        raise BadArtifact(f"{where}: malformed manifest (missing {key!r})")
+    found = data[key]
+    if not isinstance(found, types) or isinstance(found, bool):
+        raise BadArtifact(f"{where}: malformed manifest ({key!r} is {type(found).__name__} {found!r:.60})")
+    if choices and found not in choices:
+        raise BadArtifact(f"{where}: malformed manifest ({key!r} is {found!r:.60}, expected one of {choices})")
+    return found
+
+
+def schema_message(where: str, version: Any) -> str:
+    """Why an artifact of another schema version cannot be read, and what to do. cpp/src/manifest.cpp says the
+    same."""
+    if isinstance(version, int) and not isinstance(version, bool) and 1 <= version < SCHEMA_VERSION:
+        return (f"{where}: schema version {version}, exported by an older twostep whose decoder runs every row at "
+                f"one position; this twostep reads version {SCHEMA_VERSION} (rows at different positions, so "
+                "sentences can join a running batch): re-export it from its checkpoint with "
+                "`twostep export CHECKPOINT --out DIR --force`")
+    return (f"{where}: schema version {version!r:.40}, this twostep reads version {SCHEMA_VERSION}; re-export "
+            "with this twostep or install the matching one")

@@ -1,0 +1,219 @@
+"""The running batch: sentences decoding together on one step session, each with its own options and limit.
+
+A backend hands the loop a `StepSession`: it encodes sentences, then runs one decoder step at a time for
+every row of its batch, keeping the decoder's inputs wherever it likes (host or device). The loop only ever
+sees the logits of the last position and sends back token ids, beam origins for beam search, and which rows
+sentences take and leave.
+
+Sentences join a `RunningBatch` at any step boundary (their encoder runs alone, their rows start with an empty
+history next to rows that are further on) and leave at the step they are done, so one batch can run for as
+long as sentences keep coming (the serving executor's in-flight batching). The sentences that share options
+are one search strategy's `Group` (decoding.search). Every row is computed as if its sentence were alone, so
+what a sentence decodes does not depend on which sentences share its batch, or when it joined. `decode` is the
+static case: every sentence joins at the first step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from twostep.errors import BadInput
+from twostep.runtime.decoding.options import DecodeOptions, Hypothesis, Specials
+from twostep.runtime.decoding.search import Beam, Group, strategy
+
+
+class StepSession(Protocol):
+    def claimed(self) -> AbstractContextManager:
+        """Held while one thread decodes on the session: a session holds one batch's cache, so a second
+        thread's claim is refused (SessionBusy), not waited for."""
+
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
+        """Encode a batch (B, S) int64 into rows 0..B-1, each with an empty history; earlier rows are gone."""
+
+    def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray,
+              rows: np.ndarray) -> None:
+        """Encode sentences (M, S) into the running batch: row rows[i] takes sentence sources[i] with an empty
+        history, a free row or the next new one at the end. The other rows go on as they are."""
+
+    def release(self, rows: np.ndarray) -> None:
+        """Rows whose sentence left: their logits mean nothing until `admit` gives them another."""
+
+    def step(self, input_ids: np.ndarray) -> np.ndarray:
+        """Feed new tokens (B, T) int64, every row (free ones too); return float32 logits of the last position
+        (B, V)."""
+
+    def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
+        """Keep batch rows `origin` (B',) of the self-attention cache and, unless `cache_only`, of the cross
+        K/V and mask. Beam search reorders with `cache_only` while no sentence leaves: beams never leave their
+        sentence's rows, whose cross K/V and mask are the same."""
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad token lists into (B, S) ids and a (B, S) mask (1 keep, 0 pad)."""
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise BadInput("empty input: every sentence needs at least one token")
+    width = max(len(s) for s in sequences)
+    ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(sequences), width), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A sentence joining a running batch: its source ids, options, max_new_tokens (`limit`) and an `owner`
+    that step() hands back with its hypotheses. `group` overrides the strategy options imply (beam search
+    with one beam)."""
+
+    source: Sequence[int]
+    options: DecodeOptions
+    limit: int
+    owner: object
+    group: type[Group] | None = None
+
+
+class RunningBatch:
+    """Sentences decoding together on one step session, each with its own options and limit. `add` lets
+    sentences join between steps: one encoder run for all of them, each takes a free row (or new rows at the
+    end, k for a beam), starting from bos. `step` runs one decoder step for every row and returns the sentences
+    that are done; their rows are released then, and rows whose `cancelled(owner)` is true too, unanswered.
+    Rows left free are filled by the next sentences that join; once more than `compact_at` of the batch's rows
+    are free, the rest are moved together (the only time rows that stay are copied). `specials`: the model's
+    token ids (a forced prefix is refused: see Specials)."""
+
+    def __init__(self, session: StepSession, *, specials: Specials,
+                 cancelled: Callable[[object], bool] | None = None, compact_at: float = 0.25):
+        if specials.prefix:
+            raise ValueError(f"forced prefix tokens {specials.prefix} are not decoded yet: no model has them")
+        self.session, self.specials = session, specials
+        self.cancelled, self.compact_at = cancelled, compact_at
+        self.groups: dict[tuple, Group] = {}
+        self.tokens = np.zeros(0, np.int64)  # each row's next token
+        self.free: list[int] = []
+        self.rows = 0
+
+    @property
+    def sentences(self) -> int:
+        return sum(len(g) for g in self.groups.values())
+
+    @property
+    def live_rows(self) -> int:
+        return self.rows - len(self.free)
+
+    def owners(self) -> list:
+        return [owner for g in self.groups.values() for owner in g.owners]
+
+    def add(self, entries: Sequence[Entry]) -> list[tuple[object, list[Hypothesis]]]:
+        """Sentences join; those with a limit of 0 are done at once (returned). If the session refuses them
+        (an exception from its encoder), the batch is as it was."""
+        done = [(e.owner, [Hypothesis([], 0.0)]) for e in entries if e.limit < 1]
+        entries = [e for e in entries if e.limit >= 1]
+        if not entries:
+            return done
+        ids, mask = pad_batch([e.source for e in entries], self.specials.pad_id)
+        keys = [(e.group or strategy(e.options), e.options) for e in entries]
+        counts = np.array([e.options.beam_size if cls is Beam else 1 for e, (cls, _) in zip(entries, keys)])
+        needed = int(counts.sum())
+        free = sorted(self.free)
+        rows = np.array(free[:needed] + list(range(self.rows, self.rows + max(needed - len(free), 0))), np.int64)
+        sources = np.repeat(np.arange(len(entries)), counts)
+        if self.rows == 0:
+            self.session.start(ids, mask)
+            if needed != len(entries):
+                self.session.reorder(sources)  # k rows a beam sentence, sentence by sentence
+        else:
+            self.session.admit(ids, mask, sources, rows)
+        self.free = free[needed:]
+        self.rows = max(self.rows, int(rows.max()) + 1)
+        self.tokens = np.concatenate([self.tokens, np.zeros(self.rows - len(self.tokens), np.int64)])
+        self.tokens[rows] = self.specials.bos_id
+        first = np.concatenate([[0], np.cumsum(counts)])
+        joining: dict[tuple, list[int]] = {}
+        for i, key in enumerate(keys):
+            joining.setdefault(key, []).append(i)
+        for (cls, options), mine in joining.items():
+            if (cls, options) not in self.groups:
+                self.groups[cls, options] = cls(options, self.specials)
+            self.groups[cls, options].join(
+                [list(entries[i].source) for i in mine], [entries[i].limit for i in mine],
+                [entries[i].owner for i in mine], np.concatenate([rows[first[i] : first[i + 1]] for i in mine]))
+        return done
+
+    def step(self) -> list[tuple[object, list[Hypothesis]]]:
+        """One decoder step for every row; the sentences done at it, with their hypotheses."""
+        logits = self.session.step(self.tokens[:, None])
+        finished, freed = [], []
+        origin = None
+        for key, g in list(self.groups.items()):
+            done, tokens, local_origin = g.advance(logits)
+            self.tokens[g.at] = tokens
+            stay = np.ones(len(g), dtype=bool)
+            for j, hyps in done.items():
+                stay[j] = False
+                finished.append((g.owners[j], hyps))
+            if self.cancelled is not None:
+                for j in np.flatnonzero(stay):
+                    stay[j] = not self.cancelled(g.owners[j])
+            if local_origin is not None:
+                moving = np.repeat(stay, g.k) & (local_origin != np.arange(len(g.at)))
+                if moving.any():
+                    if origin is None:
+                        origin = np.arange(self.rows)
+                    origin[g.at[moving]] = g.at[local_origin[moving]]
+            if not stay.all():
+                freed.append(g.leave(stay))
+            if not len(g):
+                g.close()
+                del self.groups[key]
+        if origin is not None:
+            self.session.reorder(origin, cache_only=True)  # beams trade places within their sentence
+        if freed:
+            rows = np.concatenate(freed)
+            self.session.release(rows)
+            self.free += rows.tolist()
+            self.compact()
+        return finished
+
+    def compact(self) -> None:
+        """Once more than compact_at of the rows are free, move the others together (group by group)."""
+        if not self.groups:
+            self.rows, self.free, self.tokens = 0, [], np.zeros(0, np.int64)  # the next add starts afresh
+            return
+        if len(self.free) <= self.compact_at * self.rows:
+            return
+        origin = np.concatenate([g.at for g in self.groups.values()])
+        self.session.reorder(origin)
+        offset = 0
+        for g in self.groups.values():
+            g.at = np.arange(offset, offset + len(g.at))
+            offset += len(g.at)
+        self.tokens, self.rows, self.free = self.tokens[origin], len(origin), []
+
+
+def decode(session: StepSession, sources: Sequence[Sequence[int]], options: DecodeOptions, *, specials: Specials,
+           max_new_tokens: int, limits: Sequence[int] | None = None,
+           group: type[Group] | None = None) -> list[list[Hypothesis]]:
+    """Every sentence decoded together, start to end: n-best hypotheses each (greedy and sampling give one
+    with score 0). `limits`: each sentence's max_new_tokens (default: all max_new_tokens). One decode at a
+    time per session (SessionBusy otherwise)."""
+    if not sources:
+        raise BadInput("empty input: every sentence needs at least one token")
+    limits = [max_new_tokens] * len(sources) if limits is None else list(limits)
+    results: list[list[Hypothesis]] = [[] for _ in sources]
+    with session.claimed():
+        batch = RunningBatch(session, specials=specials)
+        finished = batch.add([Entry(s, options, limit, i, group) for i, (s, limit) in enumerate(zip(sources, limits))])
+        while True:
+            for i, hyps in finished:
+                results[i] = hyps
+            if not batch.sentences:
+                return results
+            finished = batch.step()
+

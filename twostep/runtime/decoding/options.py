@@ -1,0 +1,89 @@
+"""What a decode is asked for and what it gives back: the options (checked once, here), the special token ids
+of the model it runs, and the hypotheses."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from twostep.errors import BadInput
+
+if TYPE_CHECKING:
+    from twostep.artifact.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Specials:
+    """The special token ids of a model's vocabularies.
+
+    `prefix`: the tokens a multilingual model needs forced after bos (a target-language token, say). It is
+    carried so that the model layer can fill it in where it knows a model needs one, but no model has one
+    today: `Specials.of` leaves it empty, and the decoding loop refuses a non-empty one (RunningBatch)
+    rather than decode without it."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    unk_id: int
+    prefix: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> Specials:
+        return cls(pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id, unk_id=config.unk_id)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: list[int]
+    score: float  # sum of log-probs divided by length ** length_penalty
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode; impossible combinations are refused here, with one BadInput listing them all."""
+
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    n_best: int = 1
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_new_tokens: int | None = None  # None: 2 * source length + 16; always capped by max_positions
+    suppress_eos: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not is_int(self.beam_size) or self.beam_size < 1:
+            problems.append(f"beam size must be an integer >= 1, got {self.beam_size!r}")
+        elif not is_int(self.n_best) or not 1 <= self.n_best <= self.beam_size:
+            problems.append(f"n_best must be between 1 and the beam size {self.beam_size}, got {self.n_best!r}")
+        if self.sampling and is_int(self.beam_size) and self.beam_size > 1:
+            problems.append("sampling and beam search exclude each other: choose one")
+        for name in ("length_penalty", "temperature", "top_p"):
+            if not is_number(getattr(self, name)):
+                problems.append(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if is_number(self.temperature) and self.temperature <= 0:
+            problems.append(f"temperature must be positive, got {self.temperature}")
+        if is_number(self.top_p) and not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if not is_int(self.top_k) or self.top_k < 0:
+            problems.append(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
+            problems.append(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
+            problems.append(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if problems:
+            raise BadInput("bad decoding options: " + "; ".join(problems))
+
+
+def is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,239 @@
+"""The search strategies. Each is a `Group`: the sentences of a running batch decoded with one DecodeOptions,
+which turns the batch's logits into each of its rows' next token, step by step: `Greedy`, `Sampling`, `Beam`.
+Every row is computed as if its sentence were alone, so what a sentence decodes does not depend on which
+sentences share its group, or when it joined."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from twostep.runtime.decoding.kernels import PARALLEL_ELEMENTS, beam_candidates, log_softmax, rows_of
+from twostep.runtime.decoding.options import DecodeOptions, Hypothesis, Specials
+
+
+class Group:
+    """The sentences of a running batch decoded with one DecodeOptions, `k` rows each: sentence j owns the
+    batch rows at[j * k : (j + 1) * k]. Per sentence: `steps` tokens generated so far, at most `limits`."""
+
+    k = 1
+
+    def __init__(self, options: DecodeOptions, specials: Specials):
+        self.options, self.specials = options, specials
+        self.eos_id, self.pad_id = specials.eos_id, specials.pad_id  # read at every step
+        self.owners: list = []
+        self.at = np.zeros(0, np.int64)
+        self.steps = np.zeros(0, np.int64)
+        self.limits = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.owners)
+
+    def join(self, sources: list[list[int]], limits: list[int], owners: list, rows: np.ndarray) -> None:
+        self.owners += owners
+        self.at = np.concatenate([self.at, rows])
+        self.steps = np.concatenate([self.steps, np.zeros(len(owners), np.int64)])
+        self.limits = np.concatenate([self.limits, np.asarray(limits, np.int64)])
+        self.joined(sources)
+
+    def leave(self, stay: np.ndarray) -> np.ndarray:
+        """Keep the sentences `stay` (a mask); returns the rows of those that left."""
+        blocks = self.at.reshape(-1, self.k)
+        freed, self.at = blocks[~stay].reshape(-1), blocks[stay].reshape(-1)
+        self.owners = [o for o, keep in zip(self.owners, stay) if keep]
+        self.steps, self.limits = self.steps[stay], self.limits[stay]
+        self.kept(stay)
+        return freed
+
+    def joined(self, sources: list[list[int]]) -> None:
+        """New sentences were appended: extend the strategy's own state."""
+
+    def kept(self, stay: np.ndarray) -> None:
+        """Sentences left: keep the strategy's state of the others."""
+
+    def close(self) -> None:
+        """The group's last sentence left: let go of what the strategy holds beyond arrays (a thread)."""
+
+    def advance(self, logits: np.ndarray) -> tuple[dict[int, list[Hypothesis]], np.ndarray, np.ndarray | None]:
+        """One step, given the whole batch's logits (R, V). Returns the sentences done now (index -> their
+        hypotheses), the next token of each of this group's rows, and for beam search each row's row of
+        origin (an index into this group's rows), else None."""
+        raise NotImplementedError
+
+
+class Greedy(Group):
+    """The most likely token; a sentence ends at eos (not output) or at its limit."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.out = np.zeros((0, 0), np.int64)  # each sentence's tokens so far, steps[j] of them
+
+    def joined(self, sources: list[list[int]]) -> None:
+        width = max(self.out.shape[1], int(self.limits.max()))
+        out = np.zeros((len(self), width), np.int64)
+        out[: len(self.out), : self.out.shape[1]] = self.out
+        self.out = out
+
+    def kept(self, stay: np.ndarray) -> None:
+        self.out = self.out[stay]
+
+    def pick(self, logits: np.ndarray) -> np.ndarray:
+        return logits.argmax(-1)
+
+    def advance(self, logits: np.ndarray) -> tuple[dict[int, list[Hypothesis]], np.ndarray, None]:
+        logits = rows_of(logits, self.at)
+        if self.options.suppress_eos:
+            logits[:, self.eos_id] = -np.inf
+        next_ids = self.pick(logits)
+        self.out[np.arange(len(self)), self.steps] = next_ids
+        self.steps += 1
+        is_eos = next_ids == self.eos_id
+        length = self.steps - is_eos
+        done = {int(j): [Hypothesis(self.out[j, : length[j]].tolist(), 0.0)]
+                for j in np.flatnonzero(is_eos | (self.steps >= self.limits))}
+        return done, next_ids, None
+
+
+class Sampling(Greedy):
+    """Temperature, top-k and nucleus (top-p) filtering. With a seed each sentence draws from its own
+    generator, seeded by the seed and its token ids: the same sentence and seed give the same sample whatever
+    shares the batch, and whenever it joined."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.rngs: list[np.random.Generator] = []
+
+    def joined(self, sources: list[list[int]]) -> None:
+        super().joined(sources)
+        seed = self.options.seed
+        self.rngs += [np.random.default_rng(None if seed is None else [seed, len(s), *map(int, s)]) for s in sources]
+
+    def kept(self, stay: np.ndarray) -> None:
+        super().kept(stay)
+        self.rngs = [r for r, keep in zip(self.rngs, stay) if keep]
+
+    def pick(self, logits: np.ndarray) -> np.ndarray:
+        o = self.options
+        logits = logits.astype(np.float64) / o.temperature
+        if o.top_k > 0:
+            kth = np.sort(logits, axis=-1)[:, -min(o.top_k, logits.shape[-1])][:, None]
+            logits = np.where(logits < kth, -np.inf, logits)
+        probs = np.exp(log_softmax(logits))
+        if o.top_p < 1.0:
+            order = np.argsort(-probs, axis=-1, kind="stable")
+            sorted_probs = np.take_along_axis(probs, order, -1)
+            keep_sorted = np.cumsum(sorted_probs, -1) - sorted_probs < o.top_p  # the smallest set reaching top_p
+            keep = np.zeros_like(keep_sorted)
+            np.put_along_axis(keep, order, keep_sorted, -1)
+            probs = np.where(keep, probs, 0.0)
+            probs /= probs.sum(-1, keepdims=True)
+        return np.array([rng.choice(probs.shape[-1], p=p) for rng, p in zip(self.rngs, probs)], dtype=np.int64)
+
+
+class Beam(Group):
+    """Each sentence keeps `beam_size` live hypotheses in its k rows; the cache rows follow their beam of
+    origin. A sentence is done once it has `n_best` finished hypotheses and its best live one, normalised at
+    its current length, cannot beat the worst of them; at its limit its live beams count as finished. A
+    step's selection is vectorised over the group (`beam_candidates`); only hypotheses that end in eos are
+    handled one by one. Once the group's logits reach PARALLEL_ELEMENTS, it starts a helper thread of its own
+    for their normalisers (`helper`), which close() ends."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        o = self.options
+        self.k, self.n_best, self.length_penalty = o.beam_size, o.n_best, o.length_penalty
+        self.scores = np.zeros((0, self.k))  # each beam's log-probability; -inf: not alive
+        self.history = np.zeros((0, 0), np.int64)  # each row's tokens, steps[j] of them
+        self.finished: list[list[Hypothesis]] = []
+        self.worst = np.zeros(0)  # the score of finished[j][-1] once it holds n_best
+        self.scratch = None
+        self.helper: ThreadPoolExecutor | None = None
+        self.powers: dict[int, float] = {}
+
+    def power(self, length: int) -> float:
+        """length ** length_penalty as the scalar rule computes it (so array and scalar scores agree bit for bit)."""
+        if length not in self.powers:
+            self.powers[length] = max(length, 1) ** self.length_penalty
+        return self.powers[length]
+
+    def norm(self, score, length: int):
+        return score / self.power(length)
+
+    def joined(self, sources: list[list[int]]) -> None:
+        m, k = len(sources), self.k
+        scores = np.full((m, k), -np.inf)
+        scores[:, 0] = 0.0  # the first step expands one beam only
+        self.scores = np.concatenate([self.scores, scores])
+        width = max(self.history.shape[1], int(self.limits.max()))
+        history = np.zeros((len(self) * k, width), np.int64)
+        history[: len(self.history), : self.history.shape[1]] = self.history
+        self.history = history
+        self.finished += [[] for _ in range(m)]
+        self.worst = np.concatenate([self.worst, np.full(m, -np.inf)])
+
+    def kept(self, stay: np.ndarray) -> None:
+        self.scores, self.worst = self.scores[stay], self.worst[stay]
+        self.history = self.history[np.repeat(stay, self.k)]
+        self.finished = [f for f, keep in zip(self.finished, stay) if keep]
+
+    def close(self) -> None:
+        if self.helper is not None:
+            self.helper.shutdown()
+            self.helper = None
+
+    def keep_best(self, j: int) -> None:
+        self.finished[j].sort(key=lambda h: -h.score)
+        del self.finished[j][self.n_best :]
+        if len(self.finished[j]) == self.n_best:
+            self.worst[j] = self.finished[j][-1].score
+
+    def advance(self, logits: np.ndarray) -> tuple[dict[int, list[Hypothesis]], np.ndarray, np.ndarray]:
+        logits = rows_of(logits, self.at)  # (n*K, V)
+        n, k, vocab = len(self), self.k, logits.shape[1]
+        if self.scratch is None or self.scratch.shape[0] < logits.shape[0]:  # the group grew
+            self.scratch = np.empty(logits.shape, dtype=np.float64)
+            if self.helper is None and logits.size >= PARALLEL_ELEMENTS:
+                self.helper = ThreadPoolExecutor(1, thread_name_prefix="twostep-beam")
+        total, flat = beam_candidates(logits, self.scores, 2 * k, self.eos_id if self.options.suppress_eos else None,
+                                      self.scratch[: logits.shape[0]], self.helper)
+        beam, token = np.divmod(flat, vocab)
+        # Walk each sentence's candidates best first: an eos finishes a hypothesis, any other token continues
+        # one, until k continue; the walk stops at the first -inf.
+        valid = total > -np.inf
+        is_eos = valid & (token == self.eos_id)
+        going_on = valid & ~is_eos
+        walked = valid & (np.cumsum(going_on, axis=1) - going_on < k)
+        kept = going_on & walked
+        j, c = np.nonzero(kept)
+        slot = (np.cumsum(kept, axis=1) - 1)[j, c]
+        next_scores = np.full((n, k), -np.inf)
+        next_tokens = np.full((n, k), self.pad_id, dtype=np.int64)
+        origins = np.tile(np.arange(k), (n, 1))
+        next_scores[j, slot], next_tokens[j, slot], origins[j, slot] = total[j, c], token[j, c], beam[j, c]
+        length = self.steps + 1
+        ending = is_eos & walked
+        for j, c in zip(*np.nonzero(ending)):
+            tokens = self.history[j * k + beam[j, c], : self.steps[j]].tolist()
+            self.finished[j].append(Hypothesis(tokens, self.norm(float(total[j, c]), int(length[j]))))
+        for j in np.flatnonzero(ending.any(axis=1)):
+            self.keep_best(j)
+        best_alive = next_scores[:, 0] / np.array([self.power(int(x)) for x in length])
+        ends = ~kept.any(axis=1) | (self.worst >= best_alive)
+        rows = (np.arange(n)[:, None] * k + origins).reshape(-1)
+        self.history = self.history[rows]
+        self.history[np.arange(n * k), np.repeat(self.steps, k)] = next_tokens.reshape(-1)
+        self.scores, self.steps = next_scores, length
+        done = {int(j): self.finished[j] for j in np.flatnonzero(ends)}
+        for j in np.flatnonzero(~ends & (self.steps >= self.limits)):  # live beams count as finished
+            for b in range(k):
+                if self.scores[j, b] > -np.inf:
+                    tokens = self.history[j * k + b, : self.steps[j]].tolist()
+                    self.finished[j].append(Hypothesis(tokens, self.norm(self.scores[j, b], int(self.steps[j]))))
+            self.keep_best(j)
+            done[int(j)] = self.finished[j]
+        return done, next_tokens.reshape(-1), rows
+
+
+def strategy(options: DecodeOptions) -> type[Group]:
+    return Sampling if options.sampling else Beam if options.beam_size > 1 else Greedy
