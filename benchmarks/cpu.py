@@ -31,8 +31,17 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from twostep.bench import (Result, Workload, make_sources, measure, memory_bandwidth_gbs, peak_rss_mb, run_backend,
-                           run_in_child, weight_bytes_per_step)
+from twostep.bench import (
+    Result,
+    Workload,
+    make_sources,
+    measure,
+    memory_bandwidth_gbs,
+    peak_rss_mb,
+    run_backend,
+    run_in_child,
+    weight_bytes_per_step,
+)
 
 console = Console(stderr=True)
 
@@ -102,8 +111,8 @@ def seeds_loop(ckpt_dir: str, workloads: list[Workload], warmup: int, iters: int
 def prepare(work: Path, threads: int, beam: int) -> dict[str, Path]:
     from benchmarks.ct2_convert import check_same_tokens, convert
     from twostep.artifact import load_artifact
-    from twostep.exporter.export import export
     from twostep.artifact.spec import INPLACE
+    from twostep.exporter.export import export
     from twostep.model.init import init_checkpoint
 
     paths = {"ckpt": work / "base", "fp32": work / "base-fp32-inpl", "int8": work / "base-int8-inpl",
@@ -151,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     paths = prepare(args.work, args.threads, args.beam)
     greedy = [Workload(int(b), args.src_len, args.new_tokens) for b in args.batch.split(",")]
-    beams = [Workload(int(b), args.src_len, args.new_tokens, args.beam) for b in filter(None, args.beam_batch.split(","))]
+    beams = [Workload(int(b), args.src_len, args.new_tokens, args.beam)
+             for b in filter(None, args.beam_batch.split(","))]
     workloads = greedy + beams
     t, w, i = args.threads, args.warmup, args.iters
     engines = {
@@ -178,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         for key, (target, target_args) in engines.items():
             if key in skip or (key.startswith("growth") and "growth" in skip):
                 continue
-            warm, its = (target_args[4], target_args[5]) if target is run_backend else (target_args[-3], target_args[-2])
+            warm, its = ((target_args[4], target_args[5]) if target is run_backend
+                         else (target_args[-3], target_args[-2]))
             n_ticks = len(target_args[3] if target is run_backend else target_args[-4]) * (warm + its)
             bar = progress.add_task(key, total=n_ticks)
             for r in run_in_child(target, target_args, tick=lambda: progress.advance(bar)):
@@ -214,7 +225,8 @@ def report(results: list[Result], workloads: list[Workload], grown: list[Result]
             table.add_row(*row)
             lines.append("| " + " | ".join(row) + " |")
     Console(width=220).print(table)
-    lines += ["", f"Memory bandwidth (read, {args.threads} threads, 256 MB): {bandwidth[0]:.1f} GB/s before the engines, "
+    lines += ["", f"Memory bandwidth (read, {args.threads} threads, 256 MB): {bandwidth[0]:.1f} GB/s before the "
+                  "engines, "
               f"{bandwidth[1]:.1f} after; floors use the median {gbs:.1f} GB/s. Decoder weights read per step: "
               + ", ".join(f"{name.replace('twostep ort-cpu ', '')} {b / 1e6:.1f} MB (floor {b / gbs / 1e6:.2f} ms)"
                           for name, b in weights.items()) + "."]

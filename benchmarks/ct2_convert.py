@@ -21,8 +21,8 @@ import ctranslate2
 import numpy as np
 from ctranslate2.specs import TransformerSpec
 
-from twostep.model.checkpoint import load_checkpoint
 from twostep.artifact.config import ModelConfig
+from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime import decoding
 from twostep.runtime.backends.torch_backend import TorchSession
 

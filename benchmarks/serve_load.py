@@ -110,7 +110,8 @@ def one_at_a_time(art: Path, bodies: list[dict]) -> dict:
     with backend:
         started = time.perf_counter()
         for body in bodies:
-            options = DecodeOptions(max_new_tokens=body.get("max_new_tokens"), suppress_eos=body.get("suppress_eos", False))
+            options = DecodeOptions(max_new_tokens=body.get("max_new_tokens"),
+                                    suppress_eos=body.get("suppress_eos", False))
             sources = body["ids"] if "ids" in body else translator.encode(body["text"])
             t0 = time.perf_counter()
             tokens += sum(len(h[0].tokens) for h in translator.decode_ids(sources, options))
@@ -153,7 +154,7 @@ class Server:
         """Decoder steps run and the rows of sentences they ran for, summed."""
         return self.counter("twostep_decoder_steps", "twostep_decoder_step_rows")
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -373,7 +374,8 @@ def markdown(report: dict) -> str:
         lines += [f"#### {preset}", "", "| clients | requests/s | tokens/s | p50 ms | p95 ms | p99 ms | mean batch |",
                   "|---|---|---|---|---|---|---|"]
         if single:
-            lines.append(f"| Python API, one at a time | {single['requests_per_s']:.1f} | {single['tokens_per_s']:.0f} | "
+            lines.append(f"| Python API, one at a time | {single['requests_per_s']:.1f} | "
+                         f"{single['tokens_per_s']:.0f} | "
                          f"{single['p50_ms']:.0f} | {single['p95_ms']:.0f} | {single['p99_ms']:.0f} | 1 |")
         for clients, x in r["levels"].items():
             lines.append(f"| {clients} | {x['requests_per_s']:.1f} | {x['tokens_per_s']:.0f} | {x['p50_ms']:.0f} | "
@@ -381,8 +383,9 @@ def markdown(report: dict) -> str:
         if r["offline_batch32_tokens_per_s"] and single:
             c32 = r["levels"].get(32)
             lines += ["", f"Offline `twostep bench` batch 32: {r['offline_batch32_tokens_per_s']:.0f} tokens/s"
-                      + (f"; the server at 32 clients reaches {c32['tokens_per_s'] / r['offline_batch32_tokens_per_s']:.0%}"
-                         f" of it and {c32['tokens_per_s'] / single['tokens_per_s']:.1f}x one-at-a-time." if c32 else ".")]
+                      + (f"; the server at 32 clients reaches "
+                         f"{c32['tokens_per_s'] / r['offline_batch32_tokens_per_s']:.0%} of it and "
+                         f"{c32['tokens_per_s'] / single['tokens_per_s']:.1f}x one-at-a-time." if c32 else ".")]
         lines += ["", "| mixed lengths 5-60 | p50 ms | p95 ms | n |", "|---|---|---|---|"]
         lines += [f"| {k} | {v['p50_ms']:.0f} | {v['p95_ms']:.0f} | {v['n']} |" for k, v in r["mixed"].items()]
         o = r["overload"]

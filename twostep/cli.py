@@ -57,10 +57,12 @@ def train(
     threads: int = typer.Option(2, min=1),
     resume: bool = typer.Option(False, help="Continue from OUT.train/ if an earlier run left it."),
     force: bool = typer.Option(False, "--force",
-                               help="Replace an earlier checkpoint at --out, or start over from an earlier run's state."),
+                               help="Replace an earlier checkpoint at --out, or start over from an earlier run's "
+                               "state."),
 ) -> None:
     """Train a model on a bundled task with the seeds' recipe (Noam, label smoothing, length batches)."""
-    from twostep.training.train import TrainConfig, train as run_train
+    from twostep.training.train import TrainConfig
+    from twostep.training.train import train as run_train
 
     cfg = TrainConfig(task=task, preset=preset, steps=steps, max_tokens=max_tokens, warmup=warmup,
                       lr_factor=lr_factor, vocab_size=vocab_size, eval_every=eval_every, seed=seed, threads=threads)
@@ -78,7 +80,8 @@ def evaluate(
 ) -> None:
     """Exact match and BLEU of greedy decoding in eager PyTorch on a split of the checkpoint's task."""
     from twostep.model.checkpoint import load_checkpoint
-    from twostep.training.evaluate import checkpoint_translator, evaluate as run_evaluate
+    from twostep.training.evaluate import checkpoint_translator
+    from twostep.training.evaluate import evaluate as run_evaluate
 
     ckpt = load_checkpoint(ckpt_dir)
     if ckpt.task is None:
@@ -142,9 +145,11 @@ def translate(
 def export(
     ckpt_dir: Path = typer.Argument(..., help="Checkpoint directory."),
     out_dir: Path = typer.Option(..., "--out",
-                                 help="Artifact directory to write: new, empty, or (with --force) an earlier artifact."),
+                                 help="Artifact directory to write: new, empty, or (with --force) an earlier "
+                                 "artifact."),
     opset: int = typer.Option(18, help="ONNX opset, 17..23."),
-    dtype: str = typer.Option("fp32", help="fp32; fp16 (fragile ops kept fp32); int8 (dynamic quantization of the weight MatMuls)."),
+    dtype: str = typer.Option("fp32", help="fp32; fp16 (fragile ops kept fp32); int8 (dynamic quantization of the "
+                              "weight MatMuls)."),
     optimize: bool = typer.Option(False, help="ONNX Runtime transformer fusions (ONNX Runtime only, not TensorRT)."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier artifact at --out (never other files)."),
     inplace_cache: Optional[bool] = typer.Option(None, "--inplace-cache/--no-inplace-cache", show_default=False, help=(
@@ -232,12 +237,14 @@ def bench(
     from rich.progress import Progress
 
     from twostep.artifact import load_artifact
-    from twostep.bench import Workload, bench as run_bench, split_name
+    from twostep.bench import Workload, split_name
+    from twostep.bench import bench as run_bench
     from twostep.runtime import backends
 
     names = [b.strip() for b in backend.split(",") if b.strip()]
     bases = {n: split_name(n)[0] for n in names}  # ort-cpu:concat -> ort-cpu
-    reasons = {n: backends.unavailable_reason(b, **({"device": device} if b == "torch" else {})) for n, b in bases.items()}
+    reasons = {n: backends.unavailable_reason(b, **({"device": device} if b == "torch" else {}))
+               for n, b in bases.items()}
     if all(reasons.values()):  # nothing to measure: say what is missing and how to get it
         raise TwostepError("; ".join(f"backend {n!r} is not available here: {r}. Install: "
                                      f"{backends.backend_info(bases[n]).install}" for n, r in reasons.items()))
@@ -316,7 +323,7 @@ def inspect(art_dir: Path = typer.Argument(..., help="Artifact directory.")) -> 
               f"vocab {c.src_vocab_size}/{c.tgt_vocab_size}, max positions {c.max_positions}")
     titled = [(e.name, e.spec, f"{e.name} ({e.file})" if e.runtime is None else
                f"{e.name} ({e.file}; ONNX Runtime only: {', '.join(e.ops)})") for e in m.graphs.values()]
-    for name, spec, title in titled:
+    for _, spec, title in titled:
         table = Table(title=title)
         for column in ("", "name", "dtype", "shape"):
             table.add_column(column)

@@ -53,7 +53,8 @@ class VerifyReport:
         return self.graphs.ok and all(s.share >= self.required_share for s in self.sequences)
 
     def to_dict(self) -> dict:
-        return {"backend": self.backend, "precision": self.precision, "ok": self.ok, "required_share": self.required_share,
+        return {"backend": self.backend, "precision": self.precision, "ok": self.ok,
+                "required_share": self.required_share,
                 "graphs": self.graphs.to_dict(), "sequences": [s.to_dict() for s in self.sequences]}
 
 

@@ -81,7 +81,7 @@ class Manifest:
         """The files the runtime opens itself: the graphs and the tokenizer."""
         return self.graph_files() + ([self.tokenizer] if self.tokenizer else [])
 
-    def replace(self, **changes: Any) -> "Manifest":
+    def replace(self, **changes: Any) -> Manifest:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
@@ -110,7 +110,7 @@ class Manifest:
         return out
 
     @classmethod
-    def parse(cls, data: Any, where: str) -> "Manifest":
+    def parse(cls, data: Any, where: str) -> Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise BadArtifact(f"{where}: not a twostep manifest (format != {FORMAT!r})")
         version = data.get("schema_version")

@@ -39,7 +39,7 @@ class TensorSpec:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TensorSpec":
+    def from_dict(cls, data: dict[str, Any]) -> TensorSpec:
         return cls(data["name"], data["dtype"], tuple(data["shape"]))
 
     def concrete(self, **sizes: int) -> tuple[int, ...]:
@@ -66,7 +66,7 @@ class GraphSpec:
         return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
 
     @classmethod
-    def from_dict(cls, name: str, data: dict[str, Any]) -> "GraphSpec":
+    def from_dict(cls, name: str, data: dict[str, Any]) -> GraphSpec:
         return cls(name, tuple(map(TensorSpec.from_dict, data["inputs"])),
                    tuple(map(TensorSpec.from_dict, data["outputs"])))
 
@@ -107,7 +107,8 @@ def graph_specs(config: ModelConfig, dtype: str = "float32") -> dict[str, GraphS
                 TensorSpec("attention_mask", "int64", ("batch", "src_len"))),
         outputs=tuple(cross_present),
     )
-    return {"encoder": encoder, "decoder": step_decoder_spec(config, dtype, "decoder", "past_len", "past_len + new_len")}
+    decoder = step_decoder_spec(config, dtype, "decoder", "past_len", "past_len + new_len")
+    return {"encoder": encoder, "decoder": decoder}
 
 
 def step_decoder_spec(config: ModelConfig, dtype: str, name: str, past: Dim, present: Dim) -> GraphSpec:

@@ -15,7 +15,6 @@ from twostep.artifact.spec import GraphSpec, graph_specs
 from twostep.model.graphs import DecoderGraph, EncoderGraph, flatten, pairs
 from twostep.model.transformer import Transformer
 
-
 # Example sizes for tracing: at least 2 on every dynamic axis (a size of 1 would be specialised away), and
 # different from each other so that no two axes are mistaken for one; validation then runs on other shapes.
 TRACE_SIZES = {"batch": 2, "src_len": 5, "new_len": 3, "past_len": 4}

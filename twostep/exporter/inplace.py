@@ -30,10 +30,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.export import Dim
 
+from twostep.artifact.spec import inplace_spec
 from twostep.exporter.graphs import TRACE_SIZES, example_inputs
 from twostep.model.graphs import flatten, pairs
-from twostep.artifact.spec import inplace_spec
 from twostep.model.transformer import KV, Transformer
+
 
 @torch.library.custom_op("twostep::group_query_attention", mutates_args=())
 def group_query_attention(qkv: Tensor, past_key: Tensor, past_value: Tensor, seqlens_k: Tensor,

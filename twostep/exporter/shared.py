@@ -3,8 +3,9 @@
 A decoder variant (twostep.artifact.spec) holds the plain decoder's weights but for the few tensors it packs
 differently. After both are written, every initializer of the variant whose bytes equal one of the contract
 graph's (its own type and shape stay in the variant) becomes ONNX external data that points into the contract
-graph's own file: location `decoder.onnx`, at the offset where those bytes lie. The contract graphs are not touched (byte for
-byte what TensorRT, ort-cuda and the C++ library read), and the artifact grows only by what differs.
+graph's own file: location `decoder.onnx`, at the offset where those bytes lie. The contract graphs are not
+touched (byte for byte what TensorRT, ort-cuda and the C++ library read), and the artifact grows only by what
+differs.
 
 The trust rules hold as for any external data: the location is a listed, hashed file of the artifact
 (twostep.artifact.trust).

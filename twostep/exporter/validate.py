@@ -69,7 +69,8 @@ def check_declaration(path: Path, spec: GraphSpec) -> list[str]:
     for kind, declared, actual in (("input", spec.inputs, describe(model.graph.input)),
                                    ("output", spec.outputs, describe(model.graph.output))):
         if [t.name for t in declared] != [a[0] for a in actual]:
-            problems.append(f"{path.name}: {kind} names {[a[0] for a in actual]} != declared {[t.name for t in declared]}")
+            problems.append(f"{path.name}: {kind} names {[a[0] for a in actual]} != declared "
+                            f"{[t.name for t in declared]}")
             continue
         for t, (_, dtype, dims) in zip(declared, actual):
             if dtype != t.dtype:

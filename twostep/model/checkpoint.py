@@ -16,9 +16,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from twostep.artifact.config import ModelConfig
 from twostep.errors import BadCheckpoint
 from twostep.files import OutputKind, output_directory, read_json
-from twostep.artifact.config import ModelConfig
 from twostep.model.transformer import Transformer
 
 FORMAT = "twostep-checkpoint"

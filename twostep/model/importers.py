@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
+from twostep.artifact.config import ModelConfig
 from twostep.errors import BadCheckpoint
 from twostep.model.checkpoint import Checkpoint, canonical_state_dict, save_checkpoint
-from twostep.artifact.config import ModelConfig
 from twostep.model.transformer import Transformer, sinusoid_table
 
 StateDict = dict[str, torch.Tensor]
@@ -123,7 +123,8 @@ class Mapper:
             for k, t in self.tensors.items() if k in expected and t.shape != expected[k].shape
         ]
         if problems:
-            raise BadCheckpoint(f"cannot import as {self.fmt!r}, {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+            raise BadCheckpoint(f"cannot import as {self.fmt!r}, {len(problems)} problem(s):\n  "
+                                + "\n  ".join(problems))
         with torch.no_grad():
             for k, t in expected.items():
                 t.copy_(self.tensors[k].float())
@@ -314,7 +315,8 @@ def read_state_dict(path: Path) -> StateDict:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for corrupt or unsafe pickles
-        raise BadCheckpoint(f"{path}: cannot load with torch.load(weights_only=True): {str(exc).splitlines()[0]}") from None
+        raise BadCheckpoint(f"{path}: cannot load with torch.load(weights_only=True): "
+                            f"{str(exc).splitlines()[0]}") from None
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         obj = obj["model"]  # a training checkpoint that wraps the state dict
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
@@ -327,6 +329,6 @@ def import_state_dict_file(src: Path, fmt: str, out_dir: Path, opts: ImportOptio
     model = import_state_dict(read_state_dict(src), fmt, opts)
     if tokenizer is not None and not Path(tokenizer).is_file():
         raise BadCheckpoint(f"{tokenizer}: tokenizer file not found")
-    path = save_checkpoint(model, out_dir, tokenizer=tokenizer, info={"imported_from": {"format": fmt, "file": str(src)}},
-                           force=force)
+    info = {"imported_from": {"format": fmt, "file": str(src)}}
+    path = save_checkpoint(model, out_dir, tokenizer=tokenizer, info=info, force=force)
     return Checkpoint(path=path, model=model, task=None, info={})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from num2words import num2words
 
@@ -31,7 +31,7 @@ class Task:
     def example(self, n: int) -> tuple[str, str]:
         return num2words(n, lang=self.src_lang), num2words(n, lang=self.tgt_lang)
 
-    @lru_cache(maxsize=None)
+    @cache  # noqa: B019 (the tasks are a few module-level constants: nothing to leak)
     def numbers(self) -> dict[str, tuple[int, ...]]:
         """Each number's split is fixed by a hash of the number itself, so every split sees the same
         distribution (short numbers included) and changing a split's size never moves another's numbers."""

@@ -114,7 +114,8 @@ class Translator:
     def translate(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
         return [self.tokenizer.decode(ids) for ids in self.translate_ids(self.encode(texts), options)]
 
-    def translate_nbest(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
+    def translate_nbest(self, texts: Sequence[str],
+                        options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
         return [[(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
                 for hyps in self.decode_ids(self.encode(texts), options)]
 

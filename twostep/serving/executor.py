@@ -468,7 +468,8 @@ class BatchingTranslator:
                  options: DecodeOptions = DecodeOptions(), limits: BatchLimits = BatchLimits(),
                  metrics: Metrics | None = None, express_session: StepSession | None = None):
         self.engine = BatchingEngine(session, model_limits.specials, limits, metrics, express_session)
-        self.translator = Translator(session, model_limits, tokenizer, options=options)  # never decodes: the engine does
+        # never decodes (the engine does): text, checks and limits
+        self.translator = Translator(session, model_limits, tokenizer, options=options)
 
     @property
     def tokenizer(self) -> Tokenizer | None:

@@ -23,8 +23,15 @@ from typing import Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
-                               disable_created_metrics, generate_latest)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 from twostep.errors import BadInput, Overloaded, TwostepError
@@ -249,7 +256,8 @@ class RequestLog:
         try:
             await self.app(scope, receive, sending)
         finally:
-            log.info("%s %s %d %.1f ms", scope["method"], scope["path"], status[0], 1000 * (time.perf_counter() - started))
+            log.info("%s %s %d %.1f ms", scope["method"], scope["path"], status[0],
+                     1000 * (time.perf_counter() - started))
 
 
 async def until_disconnected(pending: asyncio.Future, request: Request, poll_s: float = 0.05):

@@ -21,10 +21,10 @@ from twostep.errors import OutputError
 from twostep.files import output_directory
 from twostep.model.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint, write_checkpoint
 from twostep.model.config import preset
-from twostep.training.evaluate import Scores, checkpoint_translator, evaluate
 from twostep.model.tasks import get_task
 from twostep.model.transformer import Transformer
 from twostep.runtime.tokenizer import Tokenizer, train_tokenizer
+from twostep.training.evaluate import Scores, checkpoint_translator, evaluate
 
 Example = tuple[list[int], list[int]]  # source ids (ending with eos), target ids (without bos/eos)
 

@@ -11,9 +11,9 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from twostep.errors import BadInput
-from twostep.artifact.spec import GraphSpec
 from twostep.artifact.config import ModelConfig
+from twostep.artifact.spec import GraphSpec
+from twostep.errors import BadInput
 
 Feeds = dict[str, np.ndarray]
 
@@ -30,7 +30,7 @@ class Backend(ABC):
         self.loaded = False
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def load(self) -> "Backend":
+    def load(self) -> Backend:
         if not self.loaded:
             self._load()
             self.loaded = True
@@ -41,7 +41,7 @@ class Backend(ABC):
             self._close()
             self.loaded = False
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self.load()
 
     def __exit__(self, *exc) -> None:
@@ -109,7 +109,7 @@ class Backend(ABC):
     @abstractmethod
     def _run(self, graph: str, feeds: Feeds) -> Feeds: ...
 
-    def _close(self) -> None:
+    def _close(self) -> None:  # noqa: B027 (optional: most backends have nothing to release)
         pass
 
 

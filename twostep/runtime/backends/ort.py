@@ -8,14 +8,13 @@ Each picks its decoder from the artifact's graph entries: the first of `decoders
 from __future__ import annotations
 
 from twostep.artifact import Artifact, check_ledger, record_ledger
-from twostep.artifact.spec import GraphSpec, INPLACE
+from twostep.artifact.spec import INPLACE, GraphSpec
 from twostep.errors import BackendUnavailable, BadArtifact, BadInput
 from twostep.runtime.backends.base import Backend, Feeds
 from twostep.runtime.backends.inplace import InplaceSession
 from twostep.runtime.backends.iobinding import IoBindingSession
 from twostep.runtime.backends.ortlib import import_ort, installed_ort_wheels
 from twostep.runtime.backends.session import HostSession
-
 
 KV_CACHES = {"auto": None, "inplace": INPLACE, "concat": "decoder"}  # kv_cache -> the decoder it pins
 
@@ -64,7 +63,8 @@ class OrtBackend(Backend):
             return str(exc)
         missing = [p for p in cls.providers if p not in ort.get_available_providers()]
         if missing:
-            reason = f"this onnxruntime build lacks {', '.join(missing)} (it has {', '.join(ort.get_available_providers())})"
+            reason = (f"this onnxruntime build lacks {', '.join(missing)} "
+                      f"(it has {', '.join(ort.get_available_providers())})")
             if len(installed_ort_wheels()) == 2:
                 reason += ("; onnxruntime and onnxruntime-gpu are both installed and share one module directory, so "
                            "whichever was installed (or uninstalled) last decides what works: "

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twostep.errors import BadInput
 from twostep.artifact.config import ModelConfig
+from twostep.errors import BadInput
 
 DEFAULT_ROWS = 64  # decode rows (batch x beam) an engine holds unless a workload needs more
 DEFAULT_SRC_LEN = 256
@@ -38,7 +38,7 @@ class Profile:
 
     @classmethod
     def derive(cls, config: ModelConfig, rows: int = DEFAULT_ROWS, src_len: int = DEFAULT_SRC_LEN,
-               new_tokens: int = DEFAULT_NEW_TOKENS, step_tokens: int = DEFAULT_STEP_TOKENS) -> "Profile":
+               new_tokens: int = DEFAULT_NEW_TOKENS, step_tokens: int = DEFAULT_STEP_TOKENS) -> Profile:
         """The profile for a model and a workload: `rows` decode rows (batch x beam), sources of up to
         `src_len` tokens, `new_tokens` target positions; each capped by what the model can take."""
         if min(rows, src_len, new_tokens, step_tokens) < 1:
@@ -53,7 +53,7 @@ class Profile:
 
     @classmethod
     def sized_for(cls, config: ModelConfig, rows: int, src_len: int | None = None,
-                  new_tokens: int | None = None) -> "Profile":
+                  new_tokens: int | None = None) -> Profile:
         """The default profile when a workload fits in it (so cached engines are reused), else one that
         holds the workload's rows, source length and target positions."""
         return cls.derive(config, rows=max(DEFAULT_ROWS, rows), src_len=max(DEFAULT_SRC_LEN, src_len or 0),

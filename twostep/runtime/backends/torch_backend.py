@@ -50,7 +50,7 @@ class TorchBackend(Backend):
             outputs = [logits, *present]
         return {name: out.float().cpu().numpy() for name, out in zip(spec.output_names, outputs)}
 
-    def session(self) -> "TorchSession":
+    def session(self) -> TorchSession:
         self.load()
         return TorchSession(self.model, self.device)
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from twostep.artifact import Artifact
-from twostep.errors import BackendUnavailable, BadArtifact, BadInput
 from twostep.artifact.spec import present_name
+from twostep.errors import BackendUnavailable, BadArtifact, BadInput
 from twostep.files import write_file_atomic
 from twostep.runtime.backends.base import Backend, Feeds
 from twostep.runtime.backends.profile import Profile
@@ -69,7 +69,8 @@ def cache_key(artifact: Artifact, graph: str, trt_version: str, gpu: str, precis
 def engine_path(artifact: Artifact, graph: str, profile: Profile, precision: str) -> Path:
     """Where the engine for these settings is cached: the one path build-engine and the backend share."""
     trt = import_trt()
-    return artifact.engine_dir() / f"{graph}-{cache_key(artifact, graph, trt.__version__, gpu_name(), precision, profile)}.plan"
+    key = cache_key(artifact, graph, trt.__version__, gpu_name(), precision, profile)
+    return artifact.engine_dir() / f"{graph}-{key}.plan"
 
 
 def read_engine(plan: Path) -> bytes | None:
@@ -248,7 +249,7 @@ class TrtBackend(Backend):
         self.synchronize()
         return {k: v.float().cpu().numpy() for k, v in outputs.items()}
 
-    def session(self) -> "TrtSession":
+    def session(self) -> TrtSession:
         self.load()
         return TrtSession(self)
 
