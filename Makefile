@@ -31,7 +31,7 @@ demo: setup
 	$(BIN)/twostep bench $(ART) --backend ort-cpu,torch --checkpoint $(DEMO) --batch 1,32 --new-tokens 32 \
 		--warmup 1 --iters 3
 
-# The C++ embedding (also built and tested by `make test`, through tests/test_cpp.py).
+# The C++ embedding (also built and tested by `make test`, through tests/cpp/test_cpp.py).
 cpp: setup
 	PYTHON=$(BIN)/python cpp/fetch_deps.sh
 	cmake -S cpp -B cpp/build -DCMAKE_BUILD_TYPE=Release

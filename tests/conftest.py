@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from cpp_helpers import CPP
 from twostep.model.checkpoint import save_checkpoint
 from twostep.model.config import preset
 from twostep.model.transformer import Transformer
 
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "twostep" / "demo" / "model"
-CPP = Path(__file__).resolve().parents[1] / "cpp"
 
 
 @pytest.fixture(scope="session")
@@ -101,9 +101,3 @@ def cpp_build(tmp_path_factory) -> Path:
             pytest.fail(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
                         f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}", pytrace=False)
     return build
-
-
-def translate_cpp(build: Path, art: Path, lines: list[str], *args) -> subprocess.CompletedProcess:
-    """cpp/'s example program: one sentence a line in, one translation a line out."""
-    return subprocess.run([str(build / "twostep-translate"), str(art), *map(str, args)], input="".join(
-        line + "\n" for line in lines), capture_output=True, text=True, timeout=900)

@@ -112,7 +112,7 @@ class Runtime:
     def __init__(self, logger):
         pass
 
-    def deserialize_cuda_engine(self, data: bytes) -> "Engine":
+    def deserialize_cuda_engine(self, data: bytes) -> Engine:
         return Engine(json.loads(data))
 
 
@@ -125,7 +125,7 @@ class Engine:
     def get_tensor_dtype(self, name: str) -> str:
         return self.dtypes[name]
 
-    def create_execution_context(self) -> "Context":
+    def create_execution_context(self) -> Context:
         return Context(self)
 
 

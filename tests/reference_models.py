@@ -148,8 +148,8 @@ class MultiHeadedAttention(nn.Module):
         if mask is not None:
             mask = mask.unsqueeze(1)
         batch_size = query.size(0)
-        query, key, value = [l(x).view(batch_size, -1, self.head, self.d_k).transpose(1, 2)
-                             for l, x in zip(self.linears, (query, key, value))]
+        query, key, value = [linear(x).view(batch_size, -1, self.head, self.d_k).transpose(1, 2)
+                             for linear, x in zip(self.linears, (query, key, value))]
         x, self.attn = attention(query, key, value, mask=mask, dropout=self.dropout)
         x = x.transpose(1, 2).contiguous().view(batch_size, -1, self.head * self.d_k)
         return self.linears[-1](x)
@@ -665,7 +665,7 @@ class Seq2SeqTransformer(nn.Module):
 
 def generate_square_subsequent_mask(sz, device=None):
     mask = (torch.triu(torch.ones((sz, sz), device=device)) == 1).transpose(0, 1)
-    return mask.float().masked_fill(mask == 0, float('-inf')).masked_fill(mask == 1, float(0.0))
+    return mask.float().masked_fill(mask == 0, float('-inf')).masked_fill(mask == 1, 0.0)
 
 
 def create_mask(src, tgt, pad=0):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from cli_helpers import assert_user_error, twostep
 from twostep.bench import Workload, make_sources
-from test_cli import assert_user_error, twostep
 
 
 def test_bench_reports_every_backend(tiny_artifact):
@@ -51,3 +51,14 @@ def test_same_sources_for_every_backend():
     assert a == make_sources(100, 3, 4, 8) and len(a) == 4
     assert all(len(s) == 8 and s[-1] == 3 and min(s[:-1]) >= 4 for s in a)
     assert Workload(32).label == "batch 32, src 32, 64 new"
+
+
+def test_bench_runs_both_decoders_side_by_side_and_refuses_a_bad_suffix(demo_inplace):
+    proc = twostep("bench", demo_inplace.path, "--backend", "ort-cpu:inplace,ort-cpu:concat", "--batch", "2",
+               "--new-tokens", "40", "--warmup", "0", "--iters", "1", "--beam", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["backend"] for r in rows] == ["ort-cpu:inplace", "ort-cpu:concat"]
+    assert all(r["error"] is None and r["tokens_per_s"] > 0 for r in rows)
+    assert_user_error(twostep("bench", demo_inplace.path, "--backend", "ort-cuda:inplace"),
+                      "only ort-cpu takes a decoder suffix")

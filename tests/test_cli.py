@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import reference_models as ref
+from cli_helpers import assert_user_error, twostep
 from twostep.model.checkpoint import load_checkpoint
-from twostep.training.evaluate import checkpoint_translator
 from twostep.model.tasks import get_task
-
-
-def twostep(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "twostep.cli", *map(str, args)], input=stdin,
-                          capture_output=True, text=True, timeout=600)
-
-
-def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines and lines[0].startswith("error: "), result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr
+from twostep.training.evaluate import checkpoint_translator
 
 
 def test_evaluate_demo_model_reaches_98_percent(demo_model_dir):
@@ -106,3 +91,23 @@ def test_help_shows_extras_in_brackets():
     result = twostep("serve", "--help")
     assert result.returncode == 0, result.stderr
     assert "twostep[ray]" in result.stdout
+
+
+def test_translate_cli_on_the_artifact_matches_eager(demo_artifact, demo_model_dir):
+    sentences = ["three hundred and forty-two", "seventy-one thousand and five"]
+    onnx_run = twostep("translate", demo_artifact, *sentences, "--beam", "4")
+    eager_run = twostep("translate", demo_model_dir, *sentences, "--beam", "4")
+    assert onnx_run.returncode == 0 and eager_run.returncode == 0, onnx_run.stderr + eager_run.stderr
+    assert onnx_run.stdout == eager_run.stdout and len(onnx_run.stdout.splitlines()) == 2
+
+
+def test_inspect_prints_the_io_table(demo_artifact):
+    result = twostep("inspect", demo_artifact)
+    assert result.returncode == 0, result.stderr
+    assert "past_key_self_0" in result.stdout and "past_len + new_len" in result.stdout
+
+
+def test_unavailable_backend_on_the_cli(demo_artifact):
+    assert_user_error(twostep("translate", demo_artifact, "one", "--backend", "ort-cuda"),
+                      "backend 'ort-cuda' is not available here")
+    assert_user_error(twostep("translate", demo_artifact, "one", "--backend", "nope"), "unknown backend 'nope'")

@@ -1,4 +1,4 @@
-// Greedy and beam search, ported from twostep/runtime/decoding.py step for step (same candidate order, EOS
+// Greedy and beam search, ported from twostep/runtime/decoding/search.py step for step (same candidate order, EOS
 // handling, length normalisation, done rule and max_new_tokens fallback), so both give the same sequences.
 #include "decoding.h"
 

@@ -1,4 +1,4 @@
-// The decoding loop, a line-by-line port of twostep/runtime/decoding.py (greedy, beam_search), written
+// The decoding loop, a line-by-line port of twostep/runtime/decoding/search.py (Greedy, Beam), written
 // against a StepSession like the Python one. Internal header.
 #pragma once
 

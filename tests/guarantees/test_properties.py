@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from num2words import num2words
 
+import search
+from cpp_helpers import translate_cpp
 from twostep.artifact import load_artifact
 from twostep.errors import BadArtifact, BadInput
-import search
 from twostep.runtime.decoding import DecodeOptions, Specials
 from twostep.runtime.translator import Limits, Translator, open_translator
-from conftest import translate_cpp
 
 bounded = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cpp_helpers import CPP
+from cpp_helpers import translate_cpp as translate
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.translator import open_translator
-from conftest import CPP, translate_cpp as translate
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +103,8 @@ def test_cpp_matches_python_on_random_model(cpp_build, tiny_artifact, beam, n_be
     art, _ = tiny_artifact
     rng = np.random.default_rng(beam * 10 + n_best)
     sources = [rng.integers(4, 50, int(n)).tolist() + [3] for n in rng.integers(0, 20, 40)]
-    options = DecodeOptions(beam_size=beam, n_best=n_best, suppress_eos=suppress_eos, max_new_tokens=max_new_tokens or None)
+    options = DecodeOptions(beam_size=beam, n_best=n_best, suppress_eos=suppress_eos,
+                            max_new_tokens=max_new_tokens or None)
     translator, backend = open_translator(art, "ort-cpu", options=options)
     with backend:
         python = translator.decode_ids(sources)

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from cli_helpers import assert_user_error, twostep
 from twostep.exporter.export import export
 from twostep.exporter.trt_compat import check_trt_compatible
 from twostep.runtime import backends
 from twostep.verify import verify
-from test_cli import assert_user_error, twostep
 
 
 @pytest.fixture(scope="module")

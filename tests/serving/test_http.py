@@ -19,9 +19,9 @@ pytest.importorskip("fastapi", reason="serving needs its extra (pip install -e '
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from cli_helpers import assert_user_error, twostep  # noqa: E402
 from twostep.runtime.decoding import DecodeOptions  # noqa: E402
 from twostep.runtime.translator import open_translator  # noqa: E402
-from test_cli import assert_user_error, twostep  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

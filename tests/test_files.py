@@ -15,10 +15,9 @@ import pytest
 import torch
 
 import reference_models as ref
+from cli_helpers import assert_user_error, leftovers, twostep
 from twostep.artifact import load_artifact
-from twostep.errors import BadArtifact
 from twostep.model.checkpoint import load_checkpoint
-from test_cli import assert_user_error, twostep
 
 
 def user_files(directory):
@@ -32,11 +31,6 @@ def user_files(directory):
 
 def snapshot(directory):
     return {p.relative_to(directory): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
-
-
-def leftovers(parent):
-    """Temporary, aside and lock entries that a finished run must not leave."""
-    return sorted(p.name for p in parent.iterdir() if ".twostep-" in p.name)
 
 
 @pytest.mark.parametrize("command", ["export", "init", "import", "train"])
@@ -168,13 +162,3 @@ def test_train_keeps_an_interrupted_run_unless_told(tmp_path):
     assert_user_error(twostep("train", "--preset", "tiny", "--steps", "1", "--out", tmp_path / "ck"),
                       "--resume", "--force")
     assert (state / "state.json").read_text() == "{}"
-
-
-def test_engines_directory_must_be_a_real_directory(tmp_path, tiny_artifact):
-    art = tmp_path / "art"
-    shutil.copytree(tiny_artifact[0], art)
-    (tmp_path / "elsewhere").mkdir()
-    (art / "engines").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(BadArtifact, match="found a link or a file"):
-        load_artifact(art).engine_dir("ort-trt")
-    assert list((tmp_path / "elsewhere").iterdir()) == []

@@ -11,11 +11,15 @@ import pytest
 
 from twostep.artifact import load_artifact
 from twostep.errors import BadInput, Overloaded
+from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime import backends
+from twostep.runtime.backends.ort import OrtBackend
+from twostep.runtime.backends.torch_backend import TorchBackend
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.tokenizer import Tokenizer
 from twostep.runtime.translator import Limits, Translator
 from twostep.serving.executor import BatchingTranslator, BatchLimits, Metrics, batching_advice
+from twostep.verify import test_sources as split_sources
 
 
 class Recorder:
@@ -420,3 +424,22 @@ def test_in_flight_on_ort_cpu_advises_the_in_place_decoder_only_where_the_plain_
         assert "kv_cache 'auto'" in batching_advice(chosen, BatchLimits())  # it has one: the choice was concat
     with backends.create("torch", checkpoint_dir=demo_model_dir) as eager:  # no in-place decoder to advise
         assert batching_advice(eager, BatchLimits()) is None
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_batching_executor_decodes_with_it_as_sentences_come_and_leave(demo_inplace, demo_model_dir, beam):
+    """Served traffic: requests of one sentence each, of mixed lengths, arriving together, so that rows leave
+    the in-place buffers as their sentences finish; each answer is eager PyTorch's."""
+    art = load_artifact(demo_inplace.path)
+    sources = split_sources(art, 64)
+    options = DecodeOptions(beam_size=beam)
+    model_limits = Limits.of(art.config, art.config.max_positions)
+    with TorchBackend(load_checkpoint(demo_model_dir).model) as eager:
+        want = Translator(eager.session(), model_limits, batch_size=64, options=options).decode_ids(sources)
+    with OrtBackend(art, threads=2) as backend:
+        assert backend.inplace
+        ex = BatchingTranslator(backend.session(), model_limits, limits=BatchLimits(max_wait_ms=50, inflight=True),
+                                options=options)
+        with ex, ThreadPoolExecutor(max_workers=16) as pool:
+            got = list(pool.map(lambda s: ex.decode_ids([s])[0], sources))
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]

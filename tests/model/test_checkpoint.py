@@ -10,8 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from twostep.errors import BadCheckpoint
 from twostep.model.checkpoint import load_checkpoint, save_checkpoint
-from twostep.model.config import ModelConfig, preset
-from twostep.model.init import init_checkpoint
+from twostep.model.config import preset
 from twostep.model.transformer import Transformer
 
 
@@ -65,16 +64,3 @@ def test_bad_config_values_are_listed(tiny_ckpt):
     with pytest.raises(BadCheckpoint) as info:
         load_checkpoint(tiny_ckpt)
     assert "norm_placement" in str(info.value) and "eos_id 999" in str(info.value)
-
-
-def test_config_json_round_trip():
-    config = preset("demo", 100, 120, d_k=8, d_v=16, logit_scale=0.5)
-    assert ModelConfig.from_dict(json.loads(config.to_json())) == config
-
-
-def test_init_base_preset_writes_a_loadable_checkpoint(tmp_path):
-    ckpt = init_checkpoint(tmp_path / "base", "base", 32000)
-    assert ckpt.tokenizer_path is None
-    assert ckpt.config.d_model == 512 and ckpt.config.n_encoder_layers == 6 == ckpt.config.n_decoder_layers
-    assert 92e6 < ckpt.model.num_parameters() < 95e6  # untied embeddings and generator: about 93 M
-    assert not ckpt.config.tie_generator and not ckpt.config.share_embeddings

@@ -18,10 +18,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from search import SPECIALS, beam_search, greedy
 from twostep.artifact import load_artifact
 from twostep.errors import BackendUnavailable, BadInput
 from twostep.runtime import backends, decoding
-from search import SPECIALS, beam_search, greedy
 from twostep.runtime.backends.ort import OrtBackend, OrtCudaBackend, OrtTrtBackend
 from twostep.runtime.backends.profile import Profile
 
@@ -32,7 +32,6 @@ SOURCES = [[5, 9, 13, 7, 3], [11, 3], [8, 8, 21, 33, 40, 12, 6, 3]]
 @pytest.fixture()
 def fake_trt(monkeypatch):
     import fake_tensorrt
-
     from twostep.runtime.backends import trt
 
     fake_tensorrt.calls.clear()
@@ -207,8 +206,8 @@ def test_ort_trt_that_falls_back_to_cuda_is_unavailable(demo_copy, monkeypatch):
     # get_available_providers() lists TensorRT even without its libraries; the session then quietly runs on
     # the next provider. Here, as on such a machine: the provider is "available" but the session is CPU.
     monkeypatch.setattr(OrtTrtBackend, "unavailable", classmethod(lambda cls: None))
-    with pytest.warns(UserWarning), pytest.raises(BackendUnavailable, match=r"did not start its TensorRT provider "
-                                                                              r"for encoder.onnx.*CPUExecutionProvider"):
+    with pytest.warns(UserWarning), pytest.raises(
+            BackendUnavailable, match=r"did not start its TensorRT provider for encoder.onnx.*CPUExecutionProvider"):
         backends.create("ort-trt", artifact=load_artifact(demo_copy))
 
 
@@ -338,4 +337,5 @@ def test_readme_installs_the_gpu_wheel_after_removing_the_cpu_one():
     uninstall = next(i for i, line in enumerate(lines) if line.startswith("pip uninstall -y onnxruntime"))
     install = next(i for i, line in enumerate(lines) if line.startswith("pip install") and "onnxruntime-gpu" in line)
     assert uninstall < install
-    assert not any("uninstall" in line and "onnxruntime" in line for line in lines[install + 1:] if line.startswith("pip"))
+    assert not any("uninstall" in line and "onnxruntime" in line
+                   for line in lines[install + 1:] if line.startswith("pip"))

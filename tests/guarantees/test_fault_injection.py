@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import torch
 
+from cli_helpers import assert_user_error, leftovers, twostep
+from search import SPECIALS, greedy
 from twostep.artifact import load_artifact
 from twostep.bench import Workload, bench
 from twostep.errors import BadArtifact, SessionBusy
@@ -30,9 +32,6 @@ from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
 from twostep.runtime.decoding import DecodeOptions, Specials, decode
 from twostep.runtime.translator import open_translator
-from search import SPECIALS, greedy
-from test_cli import assert_user_error, twostep
-from test_outputs import leftovers
 
 SOURCES = [[5, 9, 13, 3], [7, 3], [11, 12, 13, 14, 15, 16, 3]]
 

@@ -11,11 +11,11 @@ import shutil
 import onnx
 import pytest
 
+from cpp_helpers import translate_cpp
 from twostep.artifact import check_ledger, load_artifact, record_ledger, sha256_file
 from twostep.errors import BadArtifact
 from twostep.runtime.backends.trt import read_engine, write_engine
 from twostep.runtime.translator import open_translator
-from conftest import translate_cpp
 
 SENTENCES = ["three hundred and forty-two", "seventy-one thousand and five", "nine"]
 

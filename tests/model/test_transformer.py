@@ -114,8 +114,10 @@ def test_sinusoid_table_matches_the_paper():
     table = sinusoid_table(50, 16)
     pos, i = 17, 3
     angle = pos / 10000 ** (2 * i / 16)
-    assert table[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(angle, dtype=torch.float64)).item(), abs=1e-7)
-    assert table[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(angle, dtype=torch.float64)).item(), abs=1e-7)
+    assert table[pos, 2 * i].item() == pytest.approx(torch.sin(torch.tensor(angle, dtype=torch.float64)).item(),
+                                                     abs=1e-7)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(torch.cos(torch.tensor(angle, dtype=torch.float64)).item(),
+                                                         abs=1e-7)
 
 
 def test_base_preset_has_the_papers_size():

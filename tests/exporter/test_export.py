@@ -1,0 +1,66 @@
+"""Export (twostep/exporter/export.py): what the manifest records, a failed export leaves nothing behind, the
+in-place decoder by default."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_helpers import twostep
+from twostep.artifact import load_artifact
+from twostep.errors import ParityFailure
+from twostep.exporter import validate
+from twostep.exporter.export import export
+
+
+def test_manifest_describes_the_artifact(demo_artifact, demo_model_dir):
+    m = json.loads((demo_artifact / "manifest.json").read_text())
+    assert m["schema_version"] == 2 and m["dtype"] == "float32" and m["opset"] == 18
+    assert set(m["files"]) == {"encoder.onnx", "decoder.onnx", "tokenizer.model"}
+    assert m["special_tokens"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
+    dec = {t["name"]: t for t in m["graphs"]["decoder"]["inputs"]}
+    assert dec["past_key_self_0"]["shape"] == ["batch", 4, "past_len", 32]
+    assert m["validation"]["tolerances"]["logits"] == [1e-4, 1e-4]
+    assert all(err < 1e-4 for err in m["validation"]["max_error"].values())
+    assert {"torch", "onnx", "onnxruntime"} <= set(m["exporter"]["versions"])
+
+
+def test_failed_export_leaves_nothing_behind(tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setitem(validate.TOLERANCES, "fp32", {"logits": (0.0, 0.0), "kv": (0.0, 0.0)})
+    with pytest.raises(ParityFailure, match="parity failure"):
+        export(tiny_ckpt, tmp_path / "out" / "art")
+    # neither the artifact nor its temporary directory, nor the parent directory the export created
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tiny_ckpt.name]
+
+
+@pytest.mark.slow
+def test_base_preset_exports_and_validates(base_export):
+    result = base_export
+    assert result.report.ok and result.report.cases == 42
+    assert load_artifact(result.path).config.d_model == 512
+
+
+def test_a_default_export_carries_the_in_place_decoder_that_ort_cpu_and_serve_decode_with(demo_inplace):
+    """The fast path is the default: written wherever the model allows it, its shared weights stored once (as
+    external data inside decoder.onnx, which stays what other runtimes read), chosen by ort-cpu, and a server
+    batching in flight on it has nothing to warn about."""
+    from twostep.artifact.spec import INPLACE
+    from twostep.artifact.trust import external_data_locations
+    from twostep.runtime.backends.ort import OrtBackend
+    from twostep.serving.executor import BatchLimits, batching_advice
+
+    art = load_artifact(demo_inplace.path)
+    assert list(art.variants) == [INPLACE]
+    assert external_data_locations(art.graph_file(INPLACE)) == {"decoder.onnx"}
+    assert external_data_locations(art.graph_file("decoder")) == set()
+    plain = sum(art.graph_file(g).stat().st_size for g in art.graphs)
+    assert art.graph_file(INPLACE).stat().st_size < 0.15 * plain  # the packed projections, not a second decoder
+    with OrtBackend(art) as backend:
+        assert backend.decoder == INPLACE and batching_advice(backend, BatchLimits()) is None
+
+
+def test_no_inplace_cache_writes_the_plain_graphs_only(tiny_ckpt, tmp_path):
+    assert twostep("export", tiny_ckpt, "--out", tmp_path / "art", "--no-inplace-cache").returncode == 0
+    assert load_artifact(tmp_path / "art").variants == {}
+    assert not (tmp_path / "art" / "decoder_inplace.onnx").exists()
