@@ -60,5 +60,6 @@ def test_bench_runs_both_decoders_side_by_side_and_refuses_a_bad_suffix(demo_inp
     rows = json.loads(proc.stdout)
     assert [r["backend"] for r in rows] == ["ort-cpu:inplace", "ort-cpu:concat"]
     assert all(r["error"] is None and r["tokens_per_s"] > 0 for r in rows)
+    assert [r["decoder"] for r in rows] == ["decoder_inplace", "decoder"]  # what each backend chose, reported
     assert_user_error(twostep("bench", demo_inplace.path, "--backend", "ort-cuda:inplace"),
                       "only ort-cpu takes a decoder suffix")

@@ -44,6 +44,7 @@ class Result:
     peak_rss_mb: float = 0.0
     iters: int = 0
     error: str | None = None  # the backend could not run here, and why
+    decoder: str | None = None  # the decoder graph the backend chose (decoder, decoder_inplace)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "workload": asdict(self.workload)}
@@ -177,7 +178,7 @@ def run_backend(name: str, artifact_dir: Path | None, checkpoint_dir: Path | Non
                 lambda: session.start(ids, mask), warmup, iters, tick, load_s,
             ))
     for r in results:
-        r.peak_rss_mb = peak_rss_mb()
+        r.peak_rss_mb, r.decoder = peak_rss_mb(), backend.decoder
     return results
 
 

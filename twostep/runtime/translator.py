@@ -112,12 +112,11 @@ class Translator:
         return [[(self.tokenizer.decode(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
     def translate(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
-        return [self.tokenizer.decode(ids) for ids in self.translate_ids(self.encode(texts), options)]
+        return self.best_texts(self.decode_ids(self.encode(texts), options))
 
     def translate_nbest(self, texts: Sequence[str],
                         options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
-        return [[(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
-                for hyps in self.decode_ids(self.encode(texts), options)]
+        return self.nbest_texts(self.decode_ids(self.encode(texts), options))
 
 
 def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Path | None = None,

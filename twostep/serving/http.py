@@ -145,7 +145,8 @@ def build_app(config: ServeConfig) -> FastAPI:
                                                                            if config.threads else {}))
         metrics.queue.set_function(lambda: translator.queue_depth)
         state.update(translator=translator, backend=backend, ready=True)
-        log.info("serving %s on %s (%s)", config.model_dir, backend.name, asdict(config.limits))
+        log.info("serving %s on %s, decoding with its %s graph (%s)", config.model_dir, backend.name, backend.decoder,
+                 asdict(config.limits))
         advice = batching_advice(backend, config.limits)
         if advice:
             log.warning(advice)
