@@ -19,7 +19,7 @@ from rich.text import Text
 
 from twostep.errors import TwostepError
 from twostep.runtime.backends.profile import DEFAULT_ROWS
-from twostep.serving.executor import BATCHING, BatchLimits
+from twostep.serving.limits import BATCHING, BatchLimits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy PyTorch encoder-decoder Transformers as two ONNX graphs with a KV cache.")

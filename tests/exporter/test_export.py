@@ -48,7 +48,8 @@ def test_a_default_export_carries_the_in_place_decoder_that_ort_cpu_and_serve_de
     from twostep.artifact.spec import INPLACE
     from twostep.artifact.trust import external_data_locations
     from twostep.runtime.backends.ort import OrtBackend
-    from twostep.serving.executor import BatchLimits, batching_advice
+    from twostep.serving.executor import batching_advice
+    from twostep.serving.limits import BatchLimits
 
     art = load_artifact(demo_inplace.path)
     assert list(art.variants) == [INPLACE]

@@ -1,4 +1,5 @@
-"""The batching executor (twostep/serving/executor.py): many callers, one session, real ONNX Runtime."""
+"""The batching executor (twostep/serving/executor.py, engine.py, limits.py): many callers, one session, real ONNX
+Runtime."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from twostep.runtime.backends.torch_backend import TorchBackend
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.tokenizer import Tokenizer
 from twostep.runtime.translator import Limits, Translator
-from twostep.serving.executor import BatchingTranslator, BatchLimits, Metrics, batching_advice
+from twostep.serving.engine import Metrics
+from twostep.serving.executor import BatchingTranslator, batching_advice
+from twostep.serving.limits import BatchLimits
 from twostep.verify import test_sources as split_sources
 
 

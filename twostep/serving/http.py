@@ -36,7 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from twostep.errors import BadInput, Overloaded, TwostepError
 from twostep.runtime.decoding import DecodeOptions
-from twostep.serving.executor import BatchLimits, Metrics, batching_advice, open_batching_translator
+from twostep.serving.engine import Metrics
+from twostep.serving.executor import batching_advice, open_batching_translator
+from twostep.serving.limits import BatchLimits
 
 log = logging.getLogger("twostep.serving")
 

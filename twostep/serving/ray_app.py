@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from twostep.errors import BackendUnavailable
-from twostep.serving.executor import LIMIT_KEYS, BatchLimits
 from twostep.serving.http import ServeConfig, build_app
+from twostep.serving.limits import LIMIT_KEYS, BatchLimits
 
 
 def import_serve():
