@@ -127,12 +127,15 @@ def split_name(name: str) -> tuple[str, dict]:
     """A benchmarked backend and its options: `ort-cpu:concat` and `ort-cpu:inplace` pin ort-cpu's decoder
     (twostep.runtime.backends.ort.KV_CACHES), so both can be measured side by side in one run."""
     from twostep.errors import BadInput
+    from twostep.runtime.backends.ort import KV_CACHES
 
     backend, _, kv_cache = name.partition(":")
     if not kv_cache:
         return backend, {}
-    if backend != "ort-cpu" or kv_cache not in ("inplace", "concat"):
-        raise BadInput(f"backend {name!r}: only ort-cpu takes a decoder suffix, :inplace or :concat")
+    pins = [k for k, decoder in KV_CACHES.items() if decoder is not None]
+    if backend != "ort-cpu" or kv_cache not in pins:
+        raise BadInput(f"backend {name!r}: only ort-cpu takes a decoder suffix, "
+                       + " or ".join(f":{k}" for k in pins))
     return backend, {"kv_cache": kv_cache}
 
 
