@@ -330,7 +330,7 @@ def test_both_onnxruntime_wheels_installed_is_diagnosed_with_the_fix(monkeypatch
 def test_readme_installs_the_gpu_wheel_after_removing_the_cpu_one():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("## GPU"):]
     section = section[:section.index("\n## ", 4)]
     lines = [line.strip() for line in section.splitlines()]
