@@ -148,7 +148,7 @@ class Manifest:
             if {k: entry.get(k) for k in ("inputs", "outputs")} != spec.to_dict():
                 raise BadArtifact(f"{where}: {key}.{name} inputs/outputs are not those the model config implies; "
                                   "the manifest was edited or is damaged: re-export the artifact")
-            entries[name] = GraphEntry(name, file, spec, info.runtime, tuple(entry.get("ops", info.ops)))
+            entries[name] = GraphEntry(name, file, spec, info.runtime, info.ops)  # runtime and ops: as declared
         task = data.get("task")
         return cls(config=config, dtype=dtype, precision=precision, opset=opset, graphs=entries,
                    tokenizer=tokenizer, task=task if isinstance(task, str) else None,

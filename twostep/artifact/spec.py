@@ -165,10 +165,11 @@ def decoder_spec(config: ModelConfig, dtype: str = "float32") -> GraphSpec:
 class GraphInfo:
     """A graph an artifact may hold: its file, its I/O for a model (`spec(config, dtype)`), the exporter function
     that writes it (`builder`, "module:function", called as function(model, path, opset) on the fp32 model),
-    and, for a variant, the only runtime that runs it, the non-standard ops it needs and why a model cannot have
-    it (`unsupported(config, precision)`). The contract's graphs (`runtime` None) run on any ONNX runtime and
-    every artifact has them; a variant is written wherever the model allows it, and a backend that runs it
-    finds it among the artifact's entries."""
+    and, for a variant, the only runtime that runs it, the non-standard ops it needs, why a model cannot have
+    it (`unsupported(config, precision)`) and the contract graph whose weights it reads instead of storing them
+    again (`shares`: external data inside that graph's file, twostep.exporter.shared). The contract's graphs
+    (`runtime` None) run on any ONNX runtime and every artifact has them; a variant is written wherever the model
+    allows it, and a backend that runs it finds it among the artifact's entries."""
 
     name: str
     file: str
@@ -177,6 +178,7 @@ class GraphInfo:
     runtime: str | None = None
     ops: tuple[str, ...] = ()
     unsupported: Callable[[ModelConfig, str], str | None] = lambda config, precision: None
+    shares: str | None = None
 
     @property
     def variant(self) -> bool:
@@ -188,6 +190,7 @@ GRAPHS: dict[str, GraphInfo] = {info.name: info for info in (
     GraphInfo("encoder", "encoder.onnx", encoder_spec, "twostep.exporter.graphs:export_encoder"),
     GraphInfo("decoder", "decoder.onnx", decoder_spec, "twostep.exporter.graphs:export_decoder"),
     GraphInfo(INPLACE, INPLACE_FILE, inplace_spec, "twostep.exporter.inplace:export_inplace",
-              runtime="onnxruntime", ops=("com.microsoft.GroupQueryAttention",), unsupported=inplace_unsupported),
+              runtime="onnxruntime", ops=("com.microsoft.GroupQueryAttention",), unsupported=inplace_unsupported,
+              shares="decoder"),
 )}
 CONTRACT = tuple(name for name, info in GRAPHS.items() if not info.variant)  # every artifact's two graphs

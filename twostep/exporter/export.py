@@ -109,9 +109,9 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             if precision == "int8":
                 log(f"quantizing {info.name} to int8")
                 quantization = quantize_int8(path)
-        for info in graphs[len(CONTRACT):]:
-            for name in CONTRACT:
-                share_weights(tmp / info.file, tmp / GRAPHS[name].file)
+        for info in graphs:
+            if info.shares:
+                share_weights(tmp / info.file, tmp / GRAPHS[info.shares].file)
         if ckpt.tokenizer_path is not None:
             shutil.copyfile(ckpt.tokenizer_path, tmp / "tokenizer.model")
         entries = {info.name: GraphEntry(info.name, info.file, info.spec(model.config, onnx_dtype), info.runtime,

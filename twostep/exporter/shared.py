@@ -13,6 +13,7 @@ The trust rules hold as for any external data: the location is a listed, hashed 
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import onnx
@@ -53,7 +54,8 @@ def fields(data: memoryview, start: int, end: int):
 
 
 def raw_data_spans(data: memoryview) -> dict[bytes, tuple[int, int]]:
-    """Where the raw bytes of each initializer of a serialized ModelProto lie: content -> (offset, length)."""
+    """Where the raw bytes of each initializer of a serialized ModelProto lie: sha256 of the content -> (offset,
+    length). Keyed by digest, so that the file's tensors are not copied."""
     spans = {}
     for number, start, end in fields(data, 0, len(data)):
         if number != MODEL_GRAPH:
@@ -63,7 +65,7 @@ def raw_data_spans(data: memoryview) -> dict[bytes, tuple[int, int]]:
                 continue
             for number, r_start, r_end in fields(data, t_start, t_end):
                 if number == TENSOR_RAW_DATA and r_end - r_start >= SMALLEST:
-                    spans.setdefault(bytes(data[r_start:r_end]), (r_start, r_end - r_start))
+                    spans.setdefault(hashlib.sha256(data[r_start:r_end]).digest(), (r_start, r_end - r_start))
     return spans
 
 
@@ -74,12 +76,13 @@ def share_weights(variant: Path, source: Path) -> int:
     model = onnx.load(str(variant))
     shared = 0
     for tensor in model.graph.initializer:
-        span = spans.get(tensor.raw_data) if len(tensor.raw_data) >= SMALLEST else None
+        raw = tensor.raw_data
+        span = spans.get(hashlib.sha256(raw).digest()) if len(raw) >= SMALLEST else None
         if span is None:
             continue
         tensor.ClearField("raw_data")
         tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", source.name), ("offset", str(span[0])), ("length", str(span[1]))):
+        for key, value in zip(("location", "offset", "length"), (source.name, *map(str, span))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
         shared += 1
