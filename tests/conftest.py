@@ -1,4 +1,4 @@
-"""Shared fixtures: one tiny random model, and the shipped demo checkpoint."""
+"""Shared fixtures: one tiny random model, the shipped demo checkpoint, and tiny pretrained-family models."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
+import hf_models
 from cpp_helpers import CPP
 from twostep.model.checkpoint import save_checkpoint
 from twostep.model.config import preset
@@ -101,3 +104,45 @@ def cpp_build(tmp_path_factory) -> Path:
             pytest.fail(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
                         f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}", pytrace=False)
     return build
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """A tiny pretrained-family model (tests/hf_models.py): its transformers directory, the twostep checkpoint
+    imported from it, the artifact exported from that (default export: with the in-place decoder), the languages
+    its sentences translate with, and transformers' generate() answers for TEST_SENTENCES (tokens, texts):
+    greedy, and beam 4."""
+
+    name: str
+    hf: Path
+    ckpt: Path
+    art: Path
+    langs: dict
+    greedy: tuple[list[list[int]], list[str]]
+    beam: tuple[list[list[int]], list[str]]
+
+
+PRETRAINED = {  # name: (builder, languages)
+    "marian": (lambda out: hf_models.marian_dir(out), {"tgt_lang": "fra"}),
+    "marian-separate": (lambda out: hf_models.marian_dir(out, separate=True), {}),
+    "m2m100": (hf_models.m2m100_dir, {"src_lang": "en", "tgt_lang": "fr"}),
+}
+NEW_TOKENS = 20
+
+
+@pytest.fixture(scope="session", params=list(PRETRAINED))
+def pretrained(request, tmp_path_factory) -> Pretrained:
+    """Each family built by transformers, imported, exported once per session."""
+    pytest.importorskip("transformers", reason="the pretrained-family tests build their models with transformers")
+    from twostep.exporter.export import export
+    from twostep.model.hf import import_hf_directory
+
+    build, langs = PRETRAINED[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    hf = build(root / "hf")
+    import_hf_directory(hf, root / "ckpt")
+    export(root / "ckpt", root / "art")
+    sentences = hf_models.TEST_SENTENCES
+    return Pretrained(request.param, hf, root / "ckpt", root / "art", langs,
+                      hf_models.reference(hf, sentences, NEW_TOKENS, **langs),
+                      hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs))

@@ -82,7 +82,7 @@ def test_train_runs_end_to_end(tmp_path):
     ckpt = load_checkpoint(tmp_path / "ck")
     training = ckpt.info["training"]
     assert training["steps"] == 4 and training["command"].startswith("twostep train")
-    assert ckpt.tokenizer_path is not None and ckpt.task == "numbers-en-de"
+    assert ckpt.tokenizer is not None and ckpt.task == "numbers-en-de"
     assert not (tmp_path / "ck.train").exists()  # the resumable state is removed once training finished
 
 

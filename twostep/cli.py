@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from twostep.errors import TwostepError
+from twostep.errors import BadInput, TwostepError
 from twostep.runtime.backends.profile import DEFAULT_ROWS
 from twostep.serving.limits import BATCHING, BatchLimits
 
@@ -111,6 +111,10 @@ def translate(
     device: str = typer.Option("cpu", help="torch backend only: cpu or cuda."),
     ids: bool = typer.Option(False, "--ids", help="Input and output are token ids separated by spaces."),
     as_json: bool = typer.Option(False, "--json"),
+    src_lang: Optional[str] = typer.Option(None, help="Source language of a multilingual model (M2M100: en)."),
+    tgt_lang: Optional[str] = typer.Option(None, help="Target language (M2M100: fr; multilingual Marian: fra)."),
+    beam_stop: str = typer.Option("n_best", help="Beam search's stopping rule: n_best, or transformers (its "
+                                  "generate()'s: keeps --beam finished hypotheses, may run longer)."),
 ) -> None:
     """Translate sentences with any backend."""
     from twostep.runtime.decoding import DecodeOptions
@@ -121,7 +125,7 @@ def translate(
         raise TwostepError("no input: give sentences as arguments or one per line on stdin")
     options = DecodeOptions(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
                             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            max_new_tokens=max_new_tokens)
+                            max_new_tokens=max_new_tokens, beam_stop=beam_stop)
     extra = {"threads": threads} if threads else {}
     if device != "cpu":
         extra["device"] = device
@@ -129,9 +133,9 @@ def translate(
     with be:
         if ids:
             results = [[(" ".join(map(str, h.tokens)), h.score) for h in hyps]
-                       for hyps in translator.decode_ids(parse_ids(sentences))]
+                       for hyps in translator.decode_ids(parse_ids(sentences), tgt_lang=tgt_lang)]
         else:
-            results = translator.translate_nbest(sentences)
+            results = translator.translate_nbest(sentences, src_lang=src_lang, tgt_lang=tgt_lang)
     if as_json:
         emit_json([{"source": s, "translations": [{"text": t, "score": sc} for t, sc in hyps]}
                    for s, hyps in zip(sentences, results)])
@@ -420,23 +424,39 @@ def init_cmd(
 
 @app.command("import")
 def import_cmd(
-    src: Path = typer.Argument(..., help="A torch.save'd state dict (loaded with weights_only=True)."),
-    fmt: str = typer.Option(..., "--format", help="annotated, jadore, mha or nn-transformer."),
+    src: Path = typer.Argument(..., help="A transformers model directory (Marian/OPUS-MT, M2M100) or hub name "
+                               "(ORG/NAME, downloaded with the hub extra), or a torch.save'd state dict of a seed "
+                               "family (loaded with weights_only=True)."),
     out_dir: Path = typer.Option(..., "--out"),
-    n_heads: int = typer.Option(..., "--heads", min=1, help="Attention heads (shapes cannot tell)."),
-    tokenizer: Optional[Path] = typer.Option(None, help="SentencePiece model to ship with the checkpoint."),
-    max_positions: Optional[int] = typer.Option(None, min=1, help="Keep only the first N positions."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="A directory: marian or m2m_100 (default: config.json's "
+                                      "model_type). A state dict: annotated, jadore, mha or nn-transformer."),
+    n_heads: Optional[int] = typer.Option(None, "--heads", min=1, help="A state dict's attention heads (shapes "
+                                          "cannot tell)."),
+    tokenizer: Optional[Path] = typer.Option(None, help="A state dict: SentencePiece model to ship with it."),
+    max_positions: Optional[int] = typer.Option(None, min=1, help="A state dict: keep only the first N positions."),
     scale_emb_or_prj: str = typer.Option("prj", help="jadore: 'emb', 'prj' or 'none', as it was trained."),
     pad_id: int = typer.Option(0), unk_id: int = typer.Option(1), bos_id: int = typer.Option(2),
     eos_id: int = typer.Option(3),
     force: bool = typer.Option(False, "--force", help="Replace an earlier checkpoint at --out (never other files)."),
 ) -> None:
-    """Import a foreign checkpoint (seed families, PyTorch's nn.Transformer tutorial) into a twostep checkpoint."""
-    from twostep.model.importers import ImportOptions, import_state_dict_file
+    """Import a pretrained model (a transformers directory) or a foreign checkpoint (seed families, PyTorch's
+    nn.Transformer tutorial) into a twostep checkpoint."""
+    if src.is_dir() or (not src.exists() and len(src.parts) == 2):  # a directory, or a hub name ORG/NAME
+        from twostep.model.hf import import_hf_directory
 
-    options = ImportOptions(n_heads=n_heads, max_positions=max_positions, scale_emb_or_prj=scale_emb_or_prj,
-                            pad_id=pad_id, unk_id=unk_id, bos_id=bos_id, eos_id=eos_id)
-    ckpt = import_state_dict_file(src, fmt, out_dir, options, tokenizer, force=force)
+        ckpt = import_hf_directory(src, out_dir, fmt, force=force)
+        fmt = ckpt.info["imported_from"]["format"]
+        for note in ckpt.info["imported_from"]["notes"]:
+            err.print(f"note: {note}", markup=False, highlight=False)
+    else:
+        from twostep.model.importers import ImportOptions, import_state_dict_file
+
+        if fmt is None or n_heads is None:
+            raise BadInput(f"{src} is a state dict file: give its --format and --heads (a transformers model is a "
+                           "directory)")
+        options = ImportOptions(n_heads=n_heads, max_positions=max_positions, scale_emb_or_prj=scale_emb_or_prj,
+                                pad_id=pad_id, unk_id=unk_id, bos_id=bos_id, eos_id=eos_id)
+        ckpt = import_state_dict_file(src, fmt, out_dir, options, tokenizer, force=force)
     c = ckpt.config
     out.print(f"wrote {out_dir}: {fmt}, {c.d_model}d, {c.n_encoder_layers}+{c.n_decoder_layers} layers, "
               f"{c.n_heads} heads, {ckpt.model.num_parameters():,} parameters")

@@ -13,11 +13,14 @@ const char* kUsage =
     "usage: twostep-translate ART_DIR [--beam N] [--n-best N] [--length-penalty X] [--threads N]\n"
     "                         [--provider cpu|cuda] [--io-binding] [--ids] [--scores] [--max-new-tokens N]\n"
     "                         [--suppress-eos] [--batch-size N] [--warmup N --repeat N]\n"
+    "                         [--beam-stop n_best|transformers] [--src-lang CODE] [--tgt-lang CODE]\n"
     "Reads one sentence a line from stdin (with --ids: space-separated token ids ending with eos) and prints\n"
     "one line per input: the translation, or with --n-best N the N best, tab-separated (--scores: each\n"
     "preceded by its score and a space). --repeat N decodes the input N more times after --warmup runs and\n"
     "prints each run's milliseconds to stderr. --io-binding keeps the decoder state in the provider's memory\n"
-    "(always so with --provider cuda).\n";
+    "(always so with --provider cuda). --src-lang and --tgt-lang pick a multilingual model's languages (with\n"
+    "--ids only --tgt-lang counts: the source ids are taken as given). --beam-stop transformers stops beam\n"
+    "search as transformers' generate() does.\n";
 
 template <typename T>
 T parse(const std::string& flag, const std::string& value) {
@@ -78,6 +81,9 @@ int main(int argc, char** argv) {
       else if (arg == "--batch-size") decode.batch_size = parse<int>(arg, value());
       else if (arg == "--warmup") warmup = parse<int>(arg, value());
       else if (arg == "--repeat") repeat = parse<int>(arg, value());
+      else if (arg == "--beam-stop") decode.beam_stop = value();
+      else if (arg == "--src-lang") decode.src_lang = value();
+      else if (arg == "--tgt-lang") decode.tgt_lang = value();
       else if (arg == "--suppress-eos") decode.suppress_eos = true;
       else if (arg == "--io-binding") options.io_binding = true;
       else if (arg == "--ids") ids_mode = true;
@@ -94,7 +100,7 @@ int main(int argc, char** argv) {
       lines.push_back(line);
     }
     std::vector<twostep::Ids> sources;
-    if (!ids_mode) sources = model.encode(lines);
+    if (!ids_mode) sources = model.encode(lines, decode.src_lang, decode.tgt_lang);
     for (size_t n = 0; ids_mode && n < lines.size(); ++n) sources.push_back(parse_ids(lines[n], n + 1));
     std::vector<std::vector<twostep::Hypothesis>> results;
     for (int run = 0; run < warmup + repeat + (repeat == 0); ++run) {

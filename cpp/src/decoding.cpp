@@ -1,5 +1,6 @@
 // Greedy and beam search, ported from twostep/runtime/decoding/search.py step for step (same candidate order, EOS
-// handling, length normalisation, done rule and max_new_tokens fallback), so both give the same sequences.
+// handling, forced tokens, banned ids, length normalisation, done rule and max_new_tokens fallback), so both give
+// the same sequences.
 #include "decoding.h"
 
 #include <algorithm>
@@ -43,19 +44,27 @@ std::pair<double, double> log_softmax_row(const float* x, int64_t vocab, std::ve
   return {mx, std::log(pairwise_sum(tmp.data(), vocab))};
 }
 
+// Ids a step must not choose: -inf logits.
+void ban(float* row, const Ids& banned) {
+  for (int64_t id : banned) row[id] = -std::numeric_limits<float>::infinity();
+}
+
 // The first `n` finite entries of numpy's stable argsort(-total) over one sentence's k*vocab candidates,
-// total = beam score + logp: descending, ties in flat-index order. -inf candidates (beams not yet alive, a
-// suppressed eos) are left out, as the Python loop stops at the first one; so are their rows' log-softmax.
-void select_top(const float* logits, const double* scores, int64_t k, int64_t vocab, int64_t skip_token, size_t n,
+// total = beam score + logp: descending, ties in flat-index order. -inf candidates (beams not yet alive, tokens
+// forced away) are left out, as the Python loop stops at the first one; so are their rows' log-softmax. The
+// `banned` ids count in the softmax but are never candidates: set to -inf in `logits` (the caller's) once their
+// row's normaliser is known, as kernels.beam_candidates does with its skip_token.
+void select_top(float* logits, const double* scores, int64_t k, int64_t vocab, const Ids& banned, size_t n,
                 std::vector<double>& tmp, std::vector<std::pair<double, int64_t>>& top) {
   top.clear();
   for (int64_t beam = 0; beam < k; ++beam) {
     if (scores[beam] == kNegInf) continue;
-    const float* x = logits + beam * vocab;
+    float* x = logits + beam * vocab;
     const auto [mx, lse] = log_softmax_row(x, vocab, tmp);
+    ban(x, banned);
     for (int64_t token = 0; token < vocab; ++token) {
       const double v = scores[beam] + ((static_cast<double>(x[token]) - mx) - lse);
-      if (token == skip_token || v == kNegInf || (top.size() == n && !(v > top.back().first))) continue;
+      if (v == kNegInf || (top.size() == n && !(v > top.back().first))) continue;
       auto at = std::upper_bound(top.begin(), top.end(), v, [](double x, const auto& e) { return x > e.first; });
       top.insert(at, {v, beam * vocab + token});
       if (top.size() > n) top.pop_back();
@@ -63,10 +72,37 @@ void select_top(const float* logits, const double* scores, int64_t k, int64_t vo
   }
 }
 
-// Python: finished.sort(key=lambda h: -h.score) (stable); del finished[n_best:]
-void keep_best(std::vector<Hypothesis>& hyps, int n_best) {
+// The ids a step never chooses: the model's never_generate, and eos when it is suppressed.
+Ids banned_ids(const Specials& s, bool suppress_eos) {
+  Ids out = s.never_generate;
+  if (suppress_eos) out.push_back(s.eos_id);
+  return out;
+}
+
+// The id forced on sentence `b` at step `t`, or -1 when none is.
+int64_t forced_at(const std::vector<Ids>& forced, size_t b, int t) {
+  return b < forced.size() && static_cast<size_t>(t) < forced[b].size() ? forced[b][t] : -1;
+}
+
+// A forced step's logits: -inf but for `id`, whose 0 becomes a log-probability of 0 (greedy picks it; a beam
+// keeps its score, and the first step leaves one live beam). Banned ids are banned after it, as Python's
+// RunningBatch.forcing comes before the group's step.
+void force(float* row, int64_t vocab, int64_t id) {
+  std::fill(row, row + vocab, -std::numeric_limits<float>::infinity());
+  row[id] = 0.f;
+}
+
+// The forced ids are the caller's, not output: they leave the front of every sequence (all of a sequence
+// that ended, on a forced eos, before they did).
+void drop_forced(Ids& tokens, const std::vector<Ids>& forced, size_t b) {
+  const size_t n = b < forced.size() ? std::min(forced[b].size(), tokens.size()) : 0;
+  tokens.erase(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+// Python: finished.sort(key=lambda h: -h.score) (stable); del finished[pool:]
+void keep_best(std::vector<Hypothesis>& hyps, int64_t pool) {
   std::stable_sort(hyps.begin(), hyps.end(), [](const auto& a, const auto& b) { return a.score > b.score; });
-  if (static_cast<int>(hyps.size()) > n_best) hyps.resize(n_best);
+  if (static_cast<int64_t>(hyps.size()) > pool) hyps.resize(pool);
 }
 }  // namespace
 
@@ -92,11 +128,12 @@ double pairwise_sum(const double* a, int64_t n) {
 }
 
 std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
-                        int max_new_tokens, bool suppress_eos) {
+                        int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced) {
   session.start(sources);
   const size_t batch = sources.size();
   const int64_t vocab = session.vocab();
-  Ids tokens(batch, s.bos_id);
+  const Ids banned = banned_ids(s, suppress_eos);
+  Ids tokens(batch, s.start_id);
   std::vector<bool> done(batch, false);
   std::vector<Ids> out(batch);
   for (int t = 0; t < max_new_tokens; ++t) {
@@ -104,7 +141,9 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
     bool all_done = true;
     for (size_t b = 0; b < batch; ++b) {
       float* row = logits + b * vocab;
-      if (suppress_eos) row[s.eos_id] = -std::numeric_limits<float>::infinity();
+      const int64_t forced_id = forced_at(forced, b, t);
+      if (forced_id >= 0) force(row, vocab, forced_id);
+      ban(row, banned);
       const int64_t best = argmax(row, vocab);
       tokens[b] = best;
       if (!done[b]) {
@@ -115,12 +154,14 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
     }
     if (all_done) break;
   }
+  for (size_t b = 0; b < batch; ++b) drop_forced(out[b], forced, b);
   return out;
 }
 
 std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std::vector<Ids>& sources,
                                                  const Specials& s, int beam_size, double length_penalty,
-                                                 int n_best, int max_new_tokens, bool suppress_eos) {
+                                                 int n_best, int max_new_tokens, bool suppress_eos,
+                                                 const std::vector<Ids>& forced, bool transformers_stop) {
   if (n_best < 1 || n_best > beam_size)
     throw Error("n_best must be between 1 and the beam size " + std::to_string(beam_size) + ", got " +
                 std::to_string(n_best));
@@ -134,7 +175,9 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   for (int64_t b = 0; b < batch; ++b) scores[b * k] = 0.0;  // the first step expands one beam only
   std::vector<Ids> history(rows_n);
   int64_t width = 0;  // history's length
-  Ids tokens(rows_n, s.bos_id);
+  Ids tokens(rows_n, s.start_id);
+  const Ids banned = banned_ids(s, suppress_eos);
+  const int64_t pool = transformers_stop ? k : n_best;  // finished hypotheses kept per sentence
   std::vector<std::vector<Hypothesis>> finished(batch);
   std::vector<bool> done(batch, false);
   auto norm = [&](double score, int64_t length) {
@@ -144,27 +187,32 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   std::vector<std::pair<double, int64_t>> top;
 
   for (int t = 0; t < max_new_tokens; ++t) {
-    const float* logits = session.step(tokens);
+    float* logits = session.step(tokens);
     std::vector<double> next_scores(rows_n, kNegInf);
     Ids next_tokens(rows_n, s.pad_id);
     std::vector<int64_t> origins(rows_n);
     for (int64_t r = 0; r < rows_n; ++r) origins[r] = r % k;
     for (int64_t b = 0; b < batch; ++b) {
       if (done[b]) continue;
-      select_top(logits + b * k * vocab, &scores[b * k], k, vocab, suppress_eos ? s.eos_id : -1, 2 * k, tmp, top);
+      float* sentence = logits + b * k * vocab;
+      const int64_t forced_id = forced_at(forced, static_cast<size_t>(b), t);
+      for (int64_t beam = 0; forced_id >= 0 && beam < k; ++beam) force(sentence + beam * vocab, vocab, forced_id);
+      select_top(sentence, &scores[b * k], k, vocab, banned, 2 * k, tmp, top);
       int64_t kept = 0;
-      for (const auto& [score, flat] : top) {
+      for (size_t c = 0; c < top.size(); ++c) {
+        const auto [score, flat] = top[c];
         const int64_t beam = flat / vocab, token = flat % vocab;
-        if (token == s.eos_id) {
-          finished[b].push_back({history[b * k + beam], norm(score, t + 1)});
+        if (token == s.eos_id) {  // transformers: only an eos among the step's k best finishes a hypothesis
+          if (!transformers_stop || static_cast<int64_t>(c) < k)
+            finished[b].push_back({history[b * k + beam], norm(score, t + 1)});
           continue;
         }
         next_scores[b * k + kept] = score, next_tokens[b * k + kept] = token, origins[b * k + kept] = beam;
         if (++kept == k) break;
       }
-      keep_best(finished[b], n_best);
+      keep_best(finished[b], pool);
       const double best_alive = norm(next_scores[b * k], t + 1);
-      if (kept == 0 || (static_cast<int>(finished[b].size()) == n_best && finished[b].back().score >= best_alive))
+      if (kept == 0 || (static_cast<int64_t>(finished[b].size()) == pool && finished[b].back().score >= best_alive))
         done[b] = true;
     }
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
@@ -185,7 +233,11 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
     for (int64_t beam = 0; beam < k; ++beam)
       if (scores[b * k + beam] > kNegInf)
         finished[b].push_back({history[b * k + beam], norm(scores[b * k + beam], width)});
+    keep_best(finished[b], pool);
+  }
+  for (int64_t b = 0; b < batch; ++b) {  // Python: Beam.best
     keep_best(finished[b], n_best);
+    for (Hypothesis& h : finished[b]) drop_forced(h.tokens, forced, static_cast<size_t>(b));
   }
   return finished;
 }

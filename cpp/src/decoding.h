@@ -22,15 +22,21 @@ struct StepSession {
 };
 
 struct Specials {
-  int64_t bos_id, eos_id, pad_id;
+  int64_t start_id, eos_id, pad_id;  // start_id: every row's first decoder input
+  Ids never_generate;                // ids never chosen (they still count in beam search's softmax)
 };
 
+// forced[i]: the ids forced on sentence i's decoder after its start id, one a step (its logits become -inf
+// but for the forced id, 0). They count as generated tokens (max_new_tokens, length normalisation) but are
+// left out of what is returned. Empty, or fewer rows than sources: nothing forced on the rest.
+// transformers_stop: beam search's stopping rule of transformers' generate() (DecodeOptions::beam_stop).
 std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
-                        int max_new_tokens, bool suppress_eos);
+                        int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced = {});
 
 std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std::vector<Ids>& sources,
                                                  const Specials& s, int beam_size, double length_penalty,
-                                                 int n_best, int max_new_tokens, bool suppress_eos);
+                                                 int n_best, int max_new_tokens, bool suppress_eos,
+                                                 const std::vector<Ids>& forced = {}, bool transformers_stop = false);
 
 // numpy's float64 sum along a contiguous axis (pairwise, 8-way unrolled blocks of 128), so that
 // log-softmax rounds like the Python loop.

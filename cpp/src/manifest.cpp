@@ -15,7 +15,9 @@ using nlohmann::json;
 
 namespace {
 constexpr const char* kFormat = "twostep-artifact";
-constexpr int kSchemaVersion = 2;
+// 3: a structured tokenizer (vocab tables, special pieces, languages), the decoder's start id and the ids it
+// never generates. 2: the tokenizer one SentencePiece file; it reads as a plain TokenizerSpec.
+constexpr int kSchemaVersion = 3, kOldestSchemaVersion = 2;
 constexpr const char* kManifest = "manifest.json";
 
 std::vector<std::string> names(const json& tensors) {
@@ -181,6 +183,121 @@ class OnnxScanner {
   std::set<std::string> found_;
 };
 
+// Schema 2's "tokenizer": one SentencePiece file, its own ids on both sides, eos after every source sentence,
+// the four special ids left out of the text, no languages.
+TokenizerSpec plain_tokenizer(const std::string& file, const Manifest& m) {
+  TokenizerSpec t;
+  t.source_model = t.target_model = file;
+  t.source_suffix = {m.eos_id};
+  t.drop_ids = {m.pad_id, m.unk_id, m.bos_id, m.eos_id};
+  t.unk_id = m.unk_id;
+  return t;
+}
+
+// A key that may be absent or null (then empty), else a string.
+std::string name_or_empty(const json& object, const char* key) {
+  const json value = object.value(key, json());
+  return value.is_null() ? std::string() : value.get<std::string>();
+}
+
+// Schema 3's "tokenizer" object, with twostep/artifact/tokenizer.py's defaults: no vocab tables, no special
+// pieces, no languages.
+TokenizerSpec read_tokenizer(const json& tok) {
+  TokenizerSpec t;
+  t.source_model = tok.at("source_model").get<std::string>();
+  t.target_model = tok.at("target_model").get<std::string>();
+  t.source_vocab = name_or_empty(tok, "source_vocab");
+  t.target_vocab = name_or_empty(tok, "target_vocab");
+  t.source_suffix = tok.at("source_suffix").get<Ids>();
+  t.special_pieces = tok.value("special_pieces", json::array()).get<std::vector<std::string>>();
+  t.drop_ids = tok.at("drop_ids").get<Ids>();
+  t.unk_id = tok.at("unk_id").get<int64_t>();
+  return t;
+}
+
+// tokenizer.languages; absent or null: a model without languages (a target's source or decoder ids: none).
+Languages read_languages(const json& tok) {
+  Languages out;
+  const json languages = tok.value("languages", json());
+  if (languages.is_null()) return out;
+  out.source = languages.value("source", json::object()).get<std::map<std::string, Ids>>();
+  for (const auto& [code, ids] : languages.value("target", json::object()).get<std::map<std::string, json>>())
+    out.target[code] = {ids.value("source", json::array()).get<Ids>(), ids.value("decoder", json::array()).get<Ids>()};
+  out.default_source = name_or_empty(languages, "default_source");
+  out.default_target = name_or_empty(languages, "default_target");
+  return out;
+}
+
+bool all_in(const Ids& ids, int64_t size) {
+  return std::all_of(ids.begin(), ids.end(), [&](int64_t id) { return id >= 0 && id < size; });
+}
+
+// The ids the manifest names must be ids of the vocabulary they are fed to; a default language one it has.
+void check_ids(const Manifest& m, const std::string& where) {
+  auto bad = [&](const std::string& what) { throw Error(where + ": malformed manifest (" + what + ")"); };
+  for (int64_t id : {m.pad_id, m.unk_id, m.bos_id, m.eos_id, m.decoder_start_id})
+    if (id < 0 || id >= m.tgt_vocab_size) bad("a special id is outside the vocab");
+  if (!all_in(m.never_generate, m.tgt_vocab_size)) bad("model.never_generate has ids outside the target vocab");
+  if (std::count(m.never_generate.begin(), m.never_generate.end(), m.eos_id))
+    bad("model.never_generate holds the eos id: decoding could never end");
+  if (!m.tokenizer) return;
+  const TokenizerSpec& t = *m.tokenizer;
+  auto source_ids = [&](const Ids& ids, const std::string& what) {
+    if (!all_in(ids, m.src_vocab_size)) bad("tokenizer: " + what + " has ids outside the source vocab");
+  };
+  source_ids(t.source_suffix, "source_suffix");
+  source_ids({t.unk_id}, "unk_id");
+  if (!all_in(t.drop_ids, m.tgt_vocab_size)) bad("tokenizer: drop_ids has ids outside the target vocab");
+  if (std::count(t.special_pieces.begin(), t.special_pieces.end(), std::string()))
+    bad("tokenizer: special_pieces holds an empty piece");
+  const Languages& l = m.languages;
+  for (const auto& [code, ids] : l.source) source_ids(ids, "languages.source." + code);
+  for (const auto& [code, ids] : l.target) {
+    source_ids(ids.source, "languages.target." + code + ".source");
+    if (!all_in(ids.decoder, m.tgt_vocab_size))
+      bad("tokenizer: languages.target." + code + ".decoder has ids outside the target vocab");
+  }
+  auto check_default = [&](const std::string& code, bool known) {
+    if (!code.empty() && !known) bad("tokenizer: default language '" + code + "' is not one of its languages");
+  };
+  check_default(l.default_source, l.source.count(l.default_source));
+  check_default(l.default_target, l.target.count(l.default_target));
+}
+
+// The files the runtime opens itself: the graphs and the tokenizer's.
+std::vector<std::string> opened_files(const Manifest& m) {
+  std::vector<std::string> out = {m.encoder.file, m.decoder.file};
+  if (!m.tokenizer) return out;
+  for (const std::string* name : {&m.tokenizer->source_model, &m.tokenizer->target_model,
+                                  &m.tokenizer->source_vocab, &m.tokenizer->target_vocab})
+    if (!name->empty()) out.push_back(*name);
+  return out;
+}
+
+template <typename Codes>
+std::string joined_codes(const Codes& codes) {
+  std::string out;
+  for (const auto& entry : codes) out += (out.empty() ? "" : ", ") + entry.first;
+  return out;
+}
+
+// `code`, or `fallback` when it is empty, checked against the codes a model has (sorted, as a std::map holds
+// them); none at all is an error where the model `needs` one. `side`: "source" or "target"; `flag`: the example
+// program's option that gives it. Python: twostep/artifact/tokenizer.py's Languages.pick.
+template <typename Codes>
+std::string pick_language(const Codes& codes, const std::string& code, const std::string& fallback, bool needs,
+                          const std::string& side, const std::string& flag) {
+  const std::string chosen = code.empty() ? fallback : code;
+  if (chosen.empty()) {
+    if (!needs) return chosen;
+    throw Error("this model needs a " + side + " language: " + flag + " one of " + joined_codes(codes));
+  }
+  if (!codes.count(chosen))
+    throw Error("unknown " + side + " language '" + chosen + "': this model has " +
+                (codes.empty() ? "no " + side + " languages" : joined_codes(codes)));
+  return chosen;
+}
+
 // [batch, heads, len, head_dim] of one decoder input.
 const json& kv_shape(const json& decoder, const std::string& name, const std::string& where) {
   for (const auto& t : decoder.at("inputs"))
@@ -188,6 +305,17 @@ const json& kv_shape(const json& decoder, const std::string& name, const std::st
   throw Error(where + ": malformed manifest (the decoder has no input " + name + ")");
 }
 }  // namespace
+
+std::string Languages::source_code(const std::string& code) const {
+  return pick_language(source, code, default_source, !source.empty(), "source", "--src-lang");
+}
+
+// A target language is needed where one has tokens to force on the decoder. Marian's go into the source, where
+// its users may type them themselves (">>fra<< text"), so they may be left out.
+std::string Languages::target_code(const std::string& code) const {
+  const bool needs = std::any_of(target.begin(), target.end(), [](const auto& t) { return !t.second.decoder.empty(); });
+  return pick_language(target, code, default_target, needs, "target", "--tgt-lang");
+}
 
 std::set<std::string> external_data_locations(const fs::path& graph_file) {
   return OnnxScanner(graph_file).locations();
@@ -241,15 +369,17 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
   if (!j.is_object() || j.value("format", json()) != kFormat)
     throw Error(where + ": not a twostep manifest (format != '" + kFormat + "')");
   const json version = j.value("schema_version", json());
-  if (version.is_number_integer() && version.get<int64_t>() >= 1 && version.get<int64_t>() < kSchemaVersion)
+  // The messages of twostep/artifact/manifest.py's schema_message.
+  if (version.is_number_integer() && version.get<int64_t>() >= 1 && version.get<int64_t>() < kOldestSchemaVersion)
     throw Error(where + ": schema version " + version.dump() +
                 ", exported by an older twostep whose decoder runs every row at one position; this twostep reads "
                 "version " + std::to_string(kSchemaVersion) +
                 " (rows at different positions, so sentences can join a running batch): re-export it from its "
                 "checkpoint with `twostep export CHECKPOINT --out DIR --force`");
-  if (version != kSchemaVersion)
-    throw Error(where + ": schema version " + version.dump() + ", this twostep reads version " +
-                std::to_string(kSchemaVersion) + "; re-export with this twostep or install the matching one");
+  if (version != kOldestSchemaVersion && version != kSchemaVersion)
+    throw Error(where + ": schema version " + version.dump() + ", this twostep reads versions " +
+                std::to_string(kOldestSchemaVersion) + " and " + std::to_string(kSchemaVersion) +
+                "; re-export with this twostep or install the matching one");
   Manifest m;
   m.dir = dir;
   try {
@@ -261,8 +391,22 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
     m.unk_id = model.at("unk_id").get<int64_t>();
     m.bos_id = model.at("bos_id").get<int64_t>();
     m.eos_id = model.at("eos_id").get<int64_t>();
+    const json start = model.value("decoder_start_id", json());  // absent (schema 2) or null: bos
+    m.decoder_start_id = start.is_null() ? m.bos_id : start.get<int64_t>();
+    m.never_generate = model.value("never_generate", json::array()).get<Ids>();
     m.dtype = j.at("dtype").get<std::string>();
-    if (j.contains("tokenizer") && !j["tokenizer"].is_null()) m.tokenizer = j["tokenizer"].get<std::string>();
+    const json tokenizer = j.value("tokenizer", json());
+    if (tokenizer.is_null()) {
+    } else if (version == kOldestSchemaVersion) {  // one SentencePiece file whose ids are the model's
+      if (!tokenizer.is_string())
+        throw Error(where + ": malformed manifest ('tokenizer' is " + tokenizer.type_name() + ")");
+      m.tokenizer = plain_tokenizer(tokenizer.get<std::string>(), m);
+    } else {
+      if (!tokenizer.is_object())
+        throw Error(where + ": malformed manifest (tokenizer: expected an object, got " + tokenizer.type_name() + ")");
+      m.tokenizer = read_tokenizer(tokenizer);
+      m.languages = read_languages(tokenizer);
+    }
     m.encoder = read_graph(j.at("graphs").at("encoder"));
     m.decoder = read_graph(j.at("graphs").at("decoder"));
     const json& key = kv_shape(j["graphs"]["decoder"], "past_key_self_0", where);
@@ -276,12 +420,9 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
   if (m.src_vocab_size <= 0 || m.tgt_vocab_size <= 0 || m.max_positions <= 0 || m.n_heads <= 0 ||
       m.head_dim_k <= 0 || m.head_dim_v <= 0)
     throw Error(where + ": malformed manifest (sizes must be positive)");
-  for (int64_t id : {m.pad_id, m.unk_id, m.bos_id, m.eos_id})
-    if (id < 0 || id >= m.tgt_vocab_size) throw Error(where + ": malformed manifest (a special id is outside the vocab)");
+  check_ids(m, where);
   // Every file the runtime opens is listed and hashed; every listed name stays inside the directory.
-  std::vector<std::string> opened = {m.encoder.file, m.decoder.file};
-  if (!m.tokenizer.empty()) opened.push_back(m.tokenizer);
-  for (const std::string& name : opened) {
+  for (const std::string& name : opened_files(m)) {
     check_name(name, where);
     if (!m.files.count(name))
       throw Error(where + ": " + name + " is not listed in 'files' with its sha256; the runtime opens only "

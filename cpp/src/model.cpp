@@ -1,9 +1,8 @@
-// Model: the two ONNX Runtime sessions, the decoder's state between steps, the tokenizer, and the
-// Translator's batching (twostep/runtime/translator.py).
+// Model: the two ONNX Runtime sessions, the decoder's state between steps, and the Translator's batching
+// (twostep/runtime/translator.py); text goes through its Tokenizer (tokenizer.cpp).
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
-#include <sentencepiece_processor.h>
 
 #include <algorithm>
 #include <cstring>
@@ -76,7 +75,10 @@ void check_io(Ort::Session& session, const Manifest::Graph& graph, const std::st
     throw Error(name + " graph: its inputs and outputs are not those manifest.json lists; re-export the artifact");
 }
 
-bool blank(const std::string& text) { return text.find_first_not_of(" \t\n\v\f\r") == std::string::npos; }
+void check_beam_stop(const std::string& rule) {
+  if (rule != "n_best" && rule != "transformers")
+    throw Error("beam_stop must be one of n_best, transformers, got '" + rule + "'");
+}
 
 Ort::SessionOptions session_options(const Options& o) {
   if (o.threads < 0) throw Error("threads must be 0 (ONNX Runtime's default) or more, got " + std::to_string(o.threads));
@@ -172,8 +174,7 @@ struct Model::Impl final : detail::StepSession {
   Ort::Session encoder{nullptr}, decoder{nullptr};
   Ort::AllocatorWithDefaultOptions alloc;
   ONNXTensorElementDataType float_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  sentencepiece::SentencePieceProcessor sp;
-  bool has_tokenizer = false;
+  std::optional<Tokenizer> tokenizer;
   std::vector<const char*> enc_in, enc_out, dec_in, dec_out;
   size_t enc_ids = 0, ids_slot = 0, mask_slot = 0, lengths_slot = 0, logits_out = 0;  // lengths: past_lengths
   std::vector<std::pair<size_t, size_t>> self_slots;   // (decoder input past_*_self_i, decoder output present_*)
@@ -330,7 +331,21 @@ struct Model::Impl final : detail::StepSession {
     for (const auto& slot : self_slots) feeds[slot.first] = gather(feeds[slot.first], keep);
   }
 
-  detail::Specials specials() const { return {m.bos_id, m.eos_id, m.pad_id}; }
+  detail::Specials specials() const { return {m.decoder_start_id, m.eos_id, m.pad_id, m.never_generate}; }
+
+  // The ids forced on the decoder after its start id: the target language's (the default when none is given).
+  // Python: Translator.prefix.
+  Ids forced_ids(const std::string& tgt_lang) const {
+    if (!m.tokenizer && !tgt_lang.empty())
+      throw Error("this model has no tokenizer, hence no languages: leave out the target language");
+    const std::string code = m.languages.target_code(tgt_lang);
+    return code.empty() ? Ids{} : m.languages.target.at(code).decoder;
+  }
+
+  const Tokenizer& text_tokenizer() const {
+    if (!tokenizer) throw Error("this model has no tokenizer: text translation needs one (token-id APIs work without)");
+    return *tokenizer;
+  }
 
   void check_ids(const std::vector<Ids>& sources) const {
     for (size_t i = 0; i < sources.size(); ++i) {
@@ -348,43 +363,6 @@ struct Model::Impl final : detail::StepSession {
         throw Error(sentence + " has token ids outside the vocabulary [0, " + std::to_string(m.src_vocab_size) +
                     "): [" + bad + "]");
     }
-  }
-
-  std::vector<Ids> encode_all(const std::vector<std::string>& texts) const {
-    if (!has_tokenizer)
-      throw Error("this model has no tokenizer.model: text translation needs one (token-id APIs work without)");
-    std::vector<Ids> out;
-    for (size_t i = 0; i < texts.size(); ++i) {
-      if (blank(texts[i])) throw Error("sentence " + std::to_string(i + 1) + " is empty");
-      out.push_back(encode(texts[i]));
-    }
-    return out;
-  }
-
-  Ids encode(const std::string& text) const {
-    if (!has_tokenizer) throw Error("this model has no tokenizer.model");
-    if (blank(text)) throw Error("empty input sentence");
-    std::vector<int> pieces;
-    if (auto status = sp.Encode(text, &pieces); !status.ok()) throw Error("tokenizer: " + status.ToString());
-    Ids ids(pieces.begin(), pieces.end());
-    ids.push_back(sp.eos_id());
-    return ids;
-  }
-
-  std::string decode(const Ids& ids) const {
-    if (!has_tokenizer) throw Error("this model has no tokenizer.model");
-    const int specials[] = {sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()};
-    std::vector<int> pieces;
-    for (int64_t id : ids) {
-      if (id < 0 || id >= sp.GetPieceSize())
-        throw Error("token id " + std::to_string(id) + " is outside the tokenizer's " +
-                    std::to_string(sp.GetPieceSize()) + " pieces");
-      if (std::find(std::begin(specials), std::end(specials), id) == std::end(specials))
-        pieces.push_back(static_cast<int>(id));
-    }
-    std::string text;
-    if (auto status = sp.Decode(pieces, &text); !status.ok()) throw Error("tokenizer: " + status.ToString());
-    return text;
   }
 };
 
@@ -440,29 +418,27 @@ std::unique_ptr<Model::Impl> Model::Impl::load(const fs::path& dir, const Option
     x.gather_float = x.open_gather(options, x.float_type);
     x.gather_int64 = x.open_gather(options, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
   }
-  const fs::path tokenizer = m.dir / m.tokenizer;
-  if (!m.tokenizer.empty() && fs::is_regular_file(tokenizer)) {
-    if (auto status = x.sp.Load(tokenizer.string()); !status.ok())
-      throw Error(tokenizer.string() + ": not a SentencePiece model (" + status.ToString() + ")");
-    x.has_tokenizer = true;
-  }
+  if (m.tokenizer) x.tokenizer = Tokenizer::load(m);
   return impl;
 }
 
 const Manifest& Model::manifest() const { return impl_->m; }
 
-std::vector<Ids> Model::greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos) {
+std::vector<Ids> Model::greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos,
+                               const std::vector<Ids>& forced) {
   return ort_errors("greedy", [&] {
-    return detail::greedy(*impl_, sources, impl_->specials(), max_new_tokens, suppress_eos);
+    return detail::greedy(*impl_, sources, impl_->specials(), max_new_tokens, suppress_eos, forced);
   });
 }
 
 std::vector<std::vector<Hypothesis>> Model::beam_search(const std::vector<Ids>& sources, int beam_size,
                                                         double length_penalty, int n_best, int max_new_tokens,
-                                                        bool suppress_eos) {
+                                                        bool suppress_eos, const std::vector<Ids>& forced,
+                                                        const std::string& beam_stop) {
+  check_beam_stop(beam_stop);
   return ort_errors("beam search", [&] {
     return detail::beam_search(*impl_, sources, impl_->specials(), beam_size, length_penalty, n_best,
-                               max_new_tokens, suppress_eos);
+                               max_new_tokens, suppress_eos, forced, beam_stop == "transformers");
   });
 }
 
@@ -470,6 +446,8 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
   if (o.beam_size < 1) throw Error("beam size must be at least 1, got " + std::to_string(o.beam_size));
   if (o.batch_size < 1) throw Error("batch size must be at least 1, got " + std::to_string(o.batch_size));
   if (o.max_new_tokens < 0) throw Error("max_new_tokens must be 0 (automatic) or more");
+  check_beam_stop(o.beam_stop);
+  const Ids forced_ids = impl_->forced_ids(o.tgt_lang);
   impl_->check_ids(sources);
   std::vector<size_t> order(sources.size());  // similar lengths share a batch
   std::iota(order.begin(), order.end(), 0);
@@ -482,11 +460,13 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
     for (size_t i = start; i < end; ++i) batch.push_back(sources[order[i]]), longest = std::max(longest, batch.back().size());
     const int max_new = o.max_new_tokens ? o.max_new_tokens
                                          : static_cast<int>(std::min<int64_t>(impl_->m.max_positions, 2 * longest + 16));
+    const std::vector<Ids> forced(forced_ids.empty() ? 0 : batch.size(), forced_ids);
     std::vector<std::vector<Hypothesis>> outs;
     if (o.beam_size > 1) {
-      outs = beam_search(batch, o.beam_size, o.length_penalty, o.n_best, max_new, o.suppress_eos);
+      outs = beam_search(batch, o.beam_size, o.length_penalty, o.n_best, max_new, o.suppress_eos, forced,
+                         o.beam_stop);
     } else {
-      for (auto& tokens : greedy(batch, max_new, o.suppress_eos)) outs.push_back({{std::move(tokens), 0.0}});
+      for (auto& tokens : greedy(batch, max_new, o.suppress_eos, forced)) outs.push_back({{std::move(tokens), 0.0}});
     }
     for (size_t i = start; i < end; ++i) results[order[i]] = std::move(outs[i - start]);
   }
@@ -499,13 +479,19 @@ std::vector<Ids> Model::translate_ids(const std::vector<Ids>& sources, const Dec
   return out;
 }
 
-Ids Model::encode(const std::string& text) const { return impl_->encode(text); }
-std::vector<Ids> Model::encode(const std::vector<std::string>& texts) const { return impl_->encode_all(texts); }
-std::string Model::decode(const Ids& ids) const { return impl_->decode(ids); }
+Ids Model::encode(const std::string& text, const std::string& src_lang, const std::string& tgt_lang) const {
+  return impl_->text_tokenizer().encode(text, src_lang, tgt_lang);
+}
+std::vector<Ids> Model::encode(const std::vector<std::string>& texts, const std::string& src_lang,
+                               const std::string& tgt_lang) const {
+  return impl_->text_tokenizer().encode(texts, src_lang, tgt_lang);
+}
+std::string Model::decode(const Ids& ids) const { return impl_->text_tokenizer().decode(ids); }
 
 std::vector<std::string> Model::translate(const std::vector<std::string>& texts, const DecodeOptions& options) {
   std::vector<std::string> out;
-  for (const auto& ids : translate_ids(encode(texts), options)) out.push_back(decode(ids));
+  for (const auto& ids : translate_ids(encode(texts, options.src_lang, options.tgt_lang), options))
+    out.push_back(decode(ids));
   return out;
 }
 

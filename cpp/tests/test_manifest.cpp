@@ -1,10 +1,14 @@
-// Unit tests of the manifest reader (and the numpy-compatible sum), on small artifact directories made here.
+// Unit tests of the manifest reader, the tokenizer, the decoding loop (on a scripted StepSession) and the
+// numpy-compatible sum, on small artifact directories made here.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <unistd.h>
 
 #include "decoding.h"
@@ -56,15 +60,24 @@ struct Artifact {
   }
   ~Artifact() { fs::remove_all(dir); }
   void save() const { write(dir / "manifest.json", manifest.dump(2)); }
+  // A file of the artifact, listed in the manifest with its sha256 (save() writes the manifest).
+  void add(const std::string& name, const std::string& content) {
+    write(dir / name, content);
+    manifest["files"][name] = twostep::sha256_file(dir / name);
+  }
 };
 
-std::string error_of(const fs::path& dir) {
+std::string error_of(const std::function<void()>& f) {
   try {
-    twostep::Manifest::read(dir);
+    f();
   } catch (const twostep::Error& e) {
     return e.what();
   }
   return "";
+}
+
+std::string error_of(const fs::path& dir) {
+  return error_of([&] { twostep::Manifest::read(dir); });
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -84,7 +97,10 @@ TEST_CASE("a good manifest") {
   CHECK(m.max_positions == 64);
   CHECK(m.eos_id == 3);
   CHECK(m.dtype == "float32");
-  CHECK(m.tokenizer.empty());
+  CHECK(!m.tokenizer);
+  CHECK(m.decoder_start_id == 2);  // schema 2: bos
+  CHECK(m.never_generate.empty());
+  CHECK(m.languages.source.empty());
   CHECK(m.n_heads == 4);
   CHECK(m.head_dim_k == 8);
   CHECK(m.head_dim_v == 6);
@@ -97,10 +113,13 @@ TEST_CASE("a good manifest") {
 
 TEST_CASE("wrong schema version") {
   Artifact a;
-  a.manifest["schema_version"] = 3;
+  a.manifest["schema_version"] = 4;
   a.save();
-  const std::string e = error_of(a.dir);
-  CHECK(contains(e, "manifest.json: schema version 3, this twostep reads version 2"));
+  CHECK(contains(error_of(a.dir), "manifest.json: schema version 4, this twostep reads versions 2 and 3; re-export "
+                                  "with this twostep or install the matching one"));
+  a.manifest["schema_version"] = "3";
+  a.save();
+  CHECK(contains(error_of(a.dir), "manifest.json: schema version \"3\", this twostep reads versions 2 and 3"));
 }
 
 TEST_CASE("an artifact of the older schema asks to be re-exported") {
@@ -109,6 +128,7 @@ TEST_CASE("an artifact of the older schema asks to be re-exported") {
   a.save();
   const std::string e = error_of(a.dir);
   CHECK(contains(e, "manifest.json: schema version 1, exported by an older twostep"));
+  CHECK(contains(e, "this twostep reads version 3 (rows at different positions"));
   CHECK(contains(e, "re-export it from its checkpoint with `twostep export CHECKPOINT --out DIR --force`"));
 }
 
@@ -166,4 +186,362 @@ TEST_CASE("pairwise_sum rounds like numpy's float64 sum") {
   }
   const double small[] = {0.1, 0.2, 0.3};  // fewer than 8: left to right
   CHECK(twostep::detail::pairwise_sum(small, 3) == (0.1 + 0.2) + 0.3);
+}
+
+// --- schema 3: the tokenizer section, the decoder's start id, never_generate
+
+namespace {
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+// A schema-3 manifest: a Marian-like tokenizer section (the demo SentencePiece model on both sides, vocab tables
+// that renumber its pieces, special pieces, languages) over the fake graphs.
+struct Schema3 : Artifact {
+  explicit Schema3(const std::string& spm = "fake") {
+    manifest["schema_version"] = 3;
+    manifest["model"]["decoder_start_id"] = 0;
+    manifest["model"]["never_generate"] = {0};
+    manifest["model"]["activation"] = "gelu";
+    manifest["model"]["positions"] = "marian";
+    manifest["model"]["position_offset"] = 0;
+    add("source.spm", spm);
+    add("source_vocab.json", json{{"</s>", 0}, {"<unk>", 1}, {"<pad>", 2}, {"\u2581three", 10}, {"\u2581hundred", 11},
+                                  {"\u2581", 12}, {"and", 13}, {">>fr<<", 20}, {">>de<<", 21}, {">>f", 22}}.dump());
+    add("target_vocab.json", json{{"</s>", 0}, {"<pad>", 2}, {"\u2581three", 5}, {"\u2581hundred", 6}, {"and", 7},
+                                  {"xyz\u2581q", 8}, {"\u2581", 9}, {"\u3000", 10}}.dump());
+    manifest["tokenizer"] = {
+        {"source_model", "source.spm"}, {"target_model", "source.spm"},
+        {"source_vocab", "source_vocab.json"}, {"target_vocab", "target_vocab.json"},
+        {"source_suffix", {0}}, {"special_pieces", {"</s>", "<unk>", "<pad>", ">>fr<<", ">>de<<", ">>f"}},
+        {"drop_ids", {0, 1, 2}}, {"unk_id", 1},
+        {"languages", {{"source", {{"en", {30}}}},
+                       {"target", {{"fr", {{"source", {20}}, {"decoder", {40}}}},
+                                   {"de", {{"source", {21}}, {"decoder", {41, 42}}}}}},
+                       {"default_source", nullptr}, {"default_target", nullptr}}},
+    };
+    save();
+  }
+};
+}  // namespace
+
+TEST_CASE("a schema-3 manifest with a tokenizer section") {
+  Schema3 a;
+  const twostep::Manifest m = twostep::Manifest::read(a.dir);
+  CHECK(m.decoder_start_id == 0);
+  CHECK(m.never_generate == twostep::Ids{0});
+  REQUIRE(m.tokenizer);
+  const twostep::TokenizerSpec& t = *m.tokenizer;
+  CHECK(t.source_model == "source.spm");
+  CHECK(t.target_model == "source.spm");
+  CHECK(t.source_vocab == "source_vocab.json");
+  CHECK(t.target_vocab == "target_vocab.json");
+  CHECK(t.source_suffix == twostep::Ids{0});
+  CHECK(t.special_pieces.size() == 6);
+  CHECK(t.drop_ids == twostep::Ids{0, 1, 2});
+  CHECK(t.unk_id == 1);
+  CHECK(m.languages.source.at("en") == twostep::Ids{30});
+  CHECK(m.languages.target.at("de").decoder == twostep::Ids{41, 42});
+  CHECK(m.languages.target.at("fr").source == twostep::Ids{20});
+  CHECK(m.languages.default_source.empty());
+
+  a.manifest["model"]["decoder_start_id"] = nullptr;  // null: bos
+  a.manifest["tokenizer"]["source_vocab"] = nullptr;  // null: SentencePiece's own ids
+  a.manifest["tokenizer"].erase("target_vocab");      // absent: the same
+  a.manifest["tokenizer"].erase("special_pieces");    // absent: none
+  a.manifest["tokenizer"]["languages"]["target"]["fr"].erase("source");  // absent: none
+  a.save();
+  const twostep::Manifest m2 = twostep::Manifest::read(a.dir);
+  CHECK(m2.decoder_start_id == m2.bos_id);
+  CHECK(m2.tokenizer->source_vocab.empty());
+  CHECK(m2.tokenizer->target_vocab.empty());
+  CHECK(m2.tokenizer->special_pieces.empty());
+  CHECK(m2.languages.target.at("fr").source.empty());
+  a.manifest["tokenizer"]["languages"] = nullptr;  // null: no languages
+  a.save();
+  CHECK(twostep::Manifest::read(a.dir).languages.target.empty());
+}
+
+TEST_CASE("schema 3: every tokenizer file is listed and hashed") {
+  Schema3 a;
+  a.manifest["files"].erase("target_vocab.json");
+  a.save();
+  CHECK(contains(error_of(a.dir), "target_vocab.json is not listed in 'files' with its sha256"));
+  a.manifest["tokenizer"]["target_vocab"] = "../target_vocab.json";
+  a.save();
+  CHECK(contains(error_of(a.dir), "file name '../target_vocab.json' must be a plain relative path"));
+  Schema3 b;
+  write(b.dir / "source.spm", "changed");
+  CHECK(contains(error_of(b.dir), "source.spm: sha256 does not match manifest.json"));
+}
+
+TEST_CASE("schema 3: malformed tokenizer sections and ids") {
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> cases = {
+      {[](json& j) { j["tokenizer"].erase("drop_ids"); }, "malformed manifest (missing or wrong"},
+      {[](json& j) { j["tokenizer"]["source_suffix"] = "eos"; }, "malformed manifest (missing or wrong"},
+      {[](json& j) { j["tokenizer"] = 7; }, "malformed manifest (tokenizer: expected an object, got number)"},
+      {[](json& j) { j["schema_version"] = 2; }, "malformed manifest ('tokenizer' is object)"},
+      {[](json& j) { j["tokenizer"]["languages"]["default_target"] = "it"; },
+       "tokenizer: default language 'it' is not one of its languages"},
+      {[](json& j) { j["tokenizer"]["languages"]["target"]["fr"]["decoder"] = {60}; },
+       "tokenizer: languages.target.fr.decoder has ids outside the target vocab"},
+      {[](json& j) { j["tokenizer"]["languages"]["source"]["en"] = {50}; },
+       "tokenizer: languages.source.en has ids outside the source vocab"},
+      {[](json& j) { j["tokenizer"]["drop_ids"] = {60}; }, "tokenizer: drop_ids has ids outside the target vocab"},
+      {[](json& j) { j["tokenizer"]["languages"]["target"] = {1, 2}; }, "malformed manifest (missing or wrong"},
+      {[](json& j) { j["tokenizer"]["special_pieces"] = {""}; }, "special_pieces holds an empty piece"},
+      {[](json& j) { j["model"]["never_generate"] = {3}; }, "never_generate holds the eos id"},
+      {[](json& j) { j["model"]["never_generate"] = {60}; }, "never_generate has ids outside the target vocab"},
+      {[](json& j) { j["model"]["decoder_start_id"] = 60; }, "a special id is outside the vocab"},
+  };
+  for (const auto& [damage, message] : cases) {
+    Schema3 a;
+    damage(a.manifest);
+    a.save();
+    CHECK_MESSAGE(contains(error_of(a.dir), message), message);
+  }
+}
+
+TEST_CASE("schema 2's tokenizer file reads as a plain SentencePiece tokenizer") {
+  Artifact a;
+  a.add("tokenizer.model", "fake");
+  a.manifest["tokenizer"] = "tokenizer.model";
+  a.save();
+  const twostep::Manifest m = twostep::Manifest::read(a.dir);
+  REQUIRE(m.tokenizer);
+  CHECK(m.tokenizer->source_model == "tokenizer.model");
+  CHECK(m.tokenizer->target_model == "tokenizer.model");
+  CHECK(m.tokenizer->source_vocab.empty());
+  CHECK(m.tokenizer->target_vocab.empty());
+  CHECK(m.tokenizer->source_suffix == twostep::Ids{3});
+  CHECK(m.tokenizer->special_pieces.empty());
+  CHECK(m.tokenizer->drop_ids == twostep::Ids{0, 1, 2, 3});
+  CHECK(m.languages.source.empty());
+  CHECK(m.languages.target.empty());
+  a.manifest["files"].erase("tokenizer.model");
+  a.save();
+  CHECK(contains(error_of(a.dir), "tokenizer.model is not listed in 'files' with its sha256"));
+}
+
+TEST_CASE("languages: the default, or one the model has") {
+  twostep::Languages none;
+  CHECK(none.source_code("") == "");
+  CHECK(none.target_code("") == "");
+  CHECK(error_of([&] { none.source_code("xx"); }) ==
+        "unknown source language 'xx': this model has no source languages");
+  CHECK(error_of([&] { none.target_code("xx"); }) ==
+        "unknown target language 'xx': this model has no target languages");
+
+  twostep::Languages m2m;
+  m2m.source = {{"fr", {5}}, {"en", {4}}, {"de", {6}}};
+  m2m.target = {{"fr", {{}, {15}}}, {"en", {{}, {14}}}};
+  CHECK(error_of([&] { m2m.source_code(""); }) == "this model needs a source language: --src-lang one of de, en, fr");
+  CHECK(error_of([&] { m2m.target_code(""); }) == "this model needs a target language: --tgt-lang one of en, fr");
+  CHECK(error_of([&] { m2m.source_code("it"); }) == "unknown source language 'it': this model has de, en, fr");
+  CHECK(error_of([&] { m2m.target_code("de"); }) == "unknown target language 'de': this model has en, fr");
+  CHECK(m2m.source_code("de") == "de");
+  m2m.default_source = "en";
+  m2m.default_target = "fr";
+  CHECK(m2m.source_code("") == "en");
+  CHECK(m2m.target_code("") == "fr");
+  CHECK(m2m.target_code("en") == "en");
+
+  // Marian: the target language's token goes into the source, where users may type it themselves: optional.
+  twostep::Languages marian;
+  marian.target = {{"fra", {{50}, {}}}, {"spa", {{51}, {}}}};
+  CHECK(marian.target_code("") == "");
+  CHECK(marian.target_code("spa") == "spa");
+  CHECK(error_of([&] { marian.target_code("deu"); }) == "unknown target language 'deu': this model has fra, spa");
+}
+
+#ifdef TWOSTEP_DEMO_TOKENIZER
+TEST_CASE("tokenizer: schema 2's plain SentencePiece gives the model's own ids, eos after them") {
+  Artifact a;
+  a.add("tokenizer.model", read_text(TWOSTEP_DEMO_TOKENIZER));
+  a.manifest["model"]["src_vocab_size"] = 256;
+  a.manifest["model"]["tgt_vocab_size"] = 256;
+  a.manifest["tokenizer"] = "tokenizer.model";
+  a.save();
+  const twostep::Tokenizer tok = twostep::Tokenizer::load(twostep::Manifest::read(a.dir));
+  const twostep::Ids ids = tok.encode("three hundred and forty-two");
+  CHECK(ids == twostep::Ids{28, 7, 4, 5, 12, 6, 27, 3});
+  CHECK(tok.decode(ids) == "three hundred and forty-two");
+  CHECK(tok.decode({2, 28, 0, 1, 7, 3}) == "three hundred");  // pad, unk, bos, eos dropped
+  CHECK(tok.decode({5, 4}) == "and");                          // "and " trimmed
+  CHECK(tok.decode({}) == "");
+  CHECK(tok.decode({28, 256, -1}) == "three");  // ids without a piece are left out
+  CHECK(error_of([&] { tok.encode(" \t"); }) == "empty input sentence");
+  CHECK(error_of([&] { tok.encode("\xe3\x80\x80"); }) == "empty input sentence");  // U+3000: Python's strip()
+  CHECK(error_of([&] { tok.encode(std::vector<std::string>{"three", " "}); }) == "sentence 2 is empty");
+  CHECK(error_of([&] { tok.encode("three", "en"); }) ==
+        "unknown source language 'en': this model has no source languages");
+  CHECK(error_of([&] { tok.encode(" ", "en"); }) == "empty input sentence");  // one sentence: blank comes first
+}
+
+TEST_CASE("tokenizer: special pieces, vocab tables and languages") {
+  Schema3 a(read_text(TWOSTEP_DEMO_TOKENIZER));
+  const twostep::Tokenizer tok = twostep::Tokenizer::load(twostep::Manifest::read(a.dir));
+  // Special pieces anywhere, the longest where two start at one place (">>fr<<" over ">>f"); the rest through
+  // SentencePiece and the source table, a piece missing from it ('z', 'x') as unk_id.
+  CHECK(tok.pieces("three>>fr<<hundred</s>and zzz") == twostep::Ids{10, 20, 11, 0, 12, 13, 12, 1, 1, 1});
+  CHECK(tok.pieces(">>fx") == twostep::Ids{22, 12, 1});
+  CHECK(tok.pieces("<pad><unk>") == twostep::Ids{2, 1});
+  // Language ids first (the source's, then the target's source ids), source_suffix last.
+  CHECK(tok.encode("three", "en", "fr") == twostep::Ids{30, 20, 10, 0});
+  CHECK(tok.encode("three", "en", "de") == twostep::Ids{30, 21, 10, 0});
+  CHECK(tok.encode(std::vector<std::string>{"three", "hundred"}, "en", "fr") ==
+        std::vector<twostep::Ids>{{30, 20, 10, 0}, {30, 20, 11, 0}});
+  CHECK(error_of([&] { tok.encode("three"); }) == "this model needs a source language: --src-lang one of en");
+  CHECK(error_of([&] { tok.encode("three", "en"); }) ==
+        "this model needs a target language: --tgt-lang one of de, fr");
+  CHECK(error_of([&] { tok.encode("three", "en", "it"); }) == "unknown target language 'it': this model has de, fr");
+  // The language error comes before any sentence's own.
+  CHECK(error_of([&] { tok.encode(std::vector<std::string>{" "}, "xx", "fr"); }) ==
+        "unknown source language 'xx': this model has en");
+  // Target ids: drop_ids and ids the target table lacks left out, "▁" of unknown pieces a space, trimmed.
+  CHECK(tok.decode({5, 6, 0, 55, 7, 2, 8}) == "three hundredandxyz q");
+  CHECK(tok.decode({9, 5, 9}) == "three");
+  CHECK(tok.decode({5, 10}) == "three");  // U+3000 trimmed, as Python's str.strip() does
+}
+
+TEST_CASE("tokenizer: defaults, and special pieces the source table lacks") {
+  Schema3 a(read_text(TWOSTEP_DEMO_TOKENIZER));
+  a.manifest["tokenizer"]["languages"]["default_source"] = "en";
+  a.manifest["tokenizer"]["languages"]["default_target"] = "de";
+  a.manifest["tokenizer"]["special_pieces"] = {">>it<<"};  // not in the table: unk_id, like any other piece
+  a.save();
+  const twostep::Tokenizer tok = twostep::Tokenizer::load(twostep::Manifest::read(a.dir));
+  CHECK(tok.encode("three") == twostep::Ids{30, 21, 10, 0});
+  CHECK(tok.pieces(">>it<<three") == twostep::Ids{1, 10});
+}
+
+TEST_CASE("tokenizer: SentencePiece's own ids with special pieces") {
+  Schema3 a(read_text(TWOSTEP_DEMO_TOKENIZER));
+  a.manifest["model"]["src_vocab_size"] = 256;
+  a.manifest["tokenizer"]["source_vocab"] = nullptr;
+  a.manifest["tokenizer"]["special_pieces"] = {"</s>", ">>fr<<"};  // ">>fr<<": not a piece, unk
+  a.manifest["tokenizer"]["languages"] = nullptr;
+  a.save();
+  const twostep::Tokenizer tok = twostep::Tokenizer::load(twostep::Manifest::read(a.dir));
+  CHECK(tok.pieces("three</s>>>fr<<and") == twostep::Ids{28, 3, 1, 4, 5});
+}
+#endif
+
+// --- the decoding loop on a scripted session: forced tokens, the start id, never_generate
+
+namespace {
+constexpr int64_t kStart = 2, kEos = 3, kPad = 0, kForced = 7;
+
+// Every row gets the same logits, those of the step (the last row of the script once past it); records what it
+// was fed.
+struct ScriptedSession : twostep::detail::StepSession {
+  std::vector<std::vector<float>> script;
+  std::vector<twostep::Ids> fed;
+  std::vector<float> logits;
+  int64_t rows = 0;
+
+  explicit ScriptedSession(std::vector<std::vector<float>> s) : script(std::move(s)) {}
+  void start(const std::vector<twostep::Ids>& sources) override { rows = sources.size(), fed.clear(); }
+  float* step(const twostep::Ids& tokens) override {
+    fed.push_back(tokens);
+    const auto& row = script[std::min(fed.size(), script.size()) - 1];
+    logits.clear();
+    for (int64_t r = 0; r < rows; ++r) logits.insert(logits.end(), row.begin(), row.end());
+    return logits.data();
+  }
+  void expand(const std::vector<int64_t>& keep) override { rows = keep.size(); }
+  void reorder(const std::vector<int64_t>&) override {}
+  int64_t vocab() const override { return script[0].size(); }
+};
+
+// Greedy: 4, then 5, then eos.
+const std::vector<std::vector<float>> kScript = {
+    {0, 0, 0, 1, 5, 2, 0, 0}, {0, 0, 0, 1, 2, 5, 0, 0}, {0, 0, 0, 6, 1, 1, 0, 0}};
+
+double log_softmax(const std::vector<float>& row, int64_t id) {
+  double sum = 0;
+  for (float x : row) sum += std::exp(static_cast<double>(x));
+  return row[id] - std::log(sum);
+}
+
+const twostep::detail::Specials kSpecials{kStart, kEos, kPad, {}};
+}  // namespace
+
+TEST_CASE("greedy: the start id, forced tokens, never_generate") {
+  ScriptedSession session(kScript);
+  const std::vector<twostep::Ids> sources = {{5, 3}, {6, 3}};
+  CHECK(twostep::detail::greedy(session, sources, kSpecials, 10, false) == std::vector<twostep::Ids>{{4, 5}, {4, 5}});
+  CHECK(session.fed.front() == twostep::Ids{kStart, kStart});
+
+  // Row 0 forced to 7 first: it decodes on from there, and 7 is not output. Row 1: nothing forced.
+  const std::vector<twostep::Ids> forced = {{kForced}, {}};
+  CHECK(twostep::detail::greedy(session, sources, kSpecials, 10, false, forced) ==
+        std::vector<twostep::Ids>{{5}, {4, 5}});
+  CHECK(session.fed[1] == twostep::Ids{kForced, 4});
+  // Forced tokens count against max_new_tokens.
+  CHECK(twostep::detail::greedy(session, sources, kSpecials, 2, false, forced) ==
+        std::vector<twostep::Ids>{{5}, {4, 5}});
+  CHECK(session.fed.size() == 2);
+
+  twostep::detail::Specials never5 = kSpecials;
+  never5.never_generate = {5};
+  CHECK(twostep::detail::greedy(session, sources, never5, 10, false) == std::vector<twostep::Ids>{{4, 4}, {4, 4}});
+  // suppress_eos joins never_generate.
+  CHECK(twostep::detail::greedy(session, {{5, 3}}, never5, 4, true) == std::vector<twostep::Ids>{{4, 4, 4, 4}});
+  // Banned ids are banned on forced rows too (Python bans after forcing): every logit -inf, argmax 0.
+  CHECK(twostep::detail::greedy(session, {{5, 3}}, never5, 2, false, {{5}}) == std::vector<twostep::Ids>{{4}});
+  CHECK(session.fed[1] == twostep::Ids{0});
+}
+
+TEST_CASE("beam search: forced tokens score 0, count in the length, and are not output") {
+  ScriptedSession session(kScript);
+  const auto& s = kScript;
+  const auto plain = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 1, 10, false);
+  REQUIRE(plain[0].size() == 1);
+  CHECK(plain[0][0].tokens == twostep::Ids{4, 5});
+  CHECK(plain[0][0].score ==
+        doctest::Approx((log_softmax(s[0], 4) + log_softmax(s[1], 5) + log_softmax(s[2], kEos)) / 3).epsilon(1e-12));
+
+  const auto forced = twostep::detail::beam_search(session, {{5, 3}, {6, 3}}, kSpecials, 2, 1.0, 2, 10, false,
+                                                   {{kForced}, {}});
+  REQUIRE(forced[0].size() == 2);
+  CHECK(forced[0][0].tokens == twostep::Ids{5});
+  // The forced step adds 0 to the score and 1 to the length.
+  CHECK(forced[0][0].score == doctest::Approx((log_softmax(s[1], 5) + log_softmax(s[2], kEos)) / 3).epsilon(1e-12));
+  CHECK(forced[0][0].tokens != forced[0][1].tokens);
+  CHECK(forced[1][0].tokens == twostep::Ids{4, 5});
+  // The first step feeds the start id; the second, the forced id on the one live beam (pad on the dead one).
+  CHECK(session.fed[0] == twostep::Ids{kStart, kStart, kStart, kStart});
+  CHECK(session.fed[1][0] == kForced);
+  CHECK(session.fed[1][1] == kPad);
+}
+
+TEST_CASE("beam search: never_generate ids stay in the softmax but are never candidates") {
+  ScriptedSession session(kScript);
+  const auto& s = kScript;
+  twostep::detail::Specials never5 = kSpecials;
+  never5.never_generate = {5};
+  const auto out = twostep::detail::beam_search(session, {{5, 3}}, never5, 2, 1.0, 2, 10, false);
+  for (const auto& h : out[0]) CHECK(std::count(h.tokens.begin(), h.tokens.end(), 5) == 0);
+  CHECK(out[0][0].tokens == twostep::Ids{4, 4});
+  CHECK(out[0][0].score ==
+        doctest::Approx((log_softmax(s[0], 4) + log_softmax(s[1], 4) + log_softmax(s[2], kEos)) / 3).epsilon(1e-12));
+}
+
+TEST_CASE("beam search: transformers' stopping rule keeps beam_size finished hypotheses") {
+  // eos first at step 0 (just): the n_best rule stops there with the empty hypothesis; transformers' keeps
+  // going, and 4 then eos, scored over two tokens, beats it.
+  ScriptedSession session({{-10, -10, -10, 0, -0.1f, -10, -10, -10}, {-10, -10, -10, 10, 0, -10, -10, -10}});
+  const auto& s = session.script;
+  const auto n_best = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 1, 10, false);
+  CHECK(n_best[0].size() == 1);
+  CHECK(n_best[0][0].tokens.empty());
+  CHECK(n_best[0][0].score == doctest::Approx(log_softmax(s[0], kEos)).epsilon(1e-12));
+  const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 1, 10, false, {}, true);
+  CHECK(hf[0].size() == 1);  // n_best of the beam_size kept
+  CHECK(hf[0][0].tokens == twostep::Ids{4});
+  CHECK(hf[0][0].score == doctest::Approx((log_softmax(s[0], 4) + log_softmax(s[1], kEos)) / 2).epsilon(1e-12));
 }

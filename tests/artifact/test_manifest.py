@@ -21,10 +21,24 @@ def edit_manifest(art, **changes):
 
 def test_unknown_schema_version(art_copy):
     edit_manifest(art_copy, schema_version=99)
-    assert_user_error(twostep("inspect", art_copy), "schema version 99", "this twostep reads version 2")
+    assert_user_error(twostep("inspect", art_copy), "schema version 99", "this twostep reads versions 2 and 3")
 
 
 @pytest.mark.parametrize("command", ["inspect", "translate", "serve"])
+def test_a_schema_2_artifact_still_translates_as_before(art_copy):
+    """Schema 2 named one SentencePiece file and had no start id or never-generated ids: it reads as the plain
+    SentencePiece tokenizer of its special ids, and translates as the schema 3 export of the same model."""
+    sentences = ["three hundred and forty-two", "seventy-one thousand and five"]
+    want = twostep("translate", art_copy, *sentences)
+    manifest = json.loads((art_copy / "manifest.json").read_text())
+    for key in ("activation", "positions", "position_offset", "decoder_start_id", "never_generate"):
+        del manifest["model"][key]
+    manifest.update(schema_version=2, tokenizer="tokenizer.model")
+    (art_copy / "manifest.json").write_text(json.dumps(manifest))
+    got = twostep("translate", art_copy, *sentences)
+    assert (got.returncode, got.stdout) == (0, want.stdout) and want.stdout.strip(), got.stderr
+
+
 def test_an_artifact_of_the_older_schema_asks_to_be_re_exported(art_copy, command):
     edit_manifest(art_copy, schema_version=1)
     args = {"translate": ["one"], "serve": ["--port", "0"]}.get(command, [])

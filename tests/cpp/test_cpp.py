@@ -191,3 +191,25 @@ def test_cpp_unit_tests(cpp_build):
     proc = subprocess.run(["ctest", "--output-on-failure"], cwd=cpp_build, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "100% tests passed" in proc.stdout
+
+
+def test_cpp_decodes_pretrained_families_as_transformers_does(cpp_build, pretrained):
+    """Marian (a >>fra<< source token, pad never generated, decoding from pad) and M2M100 (the __en__ source
+    token, the __fr__ token forced after eos): transformers' generate() text, greedy and beam 4 with its
+    stopping rule, from the manifest alone."""
+    import hf_models
+    from conftest import NEW_TOKENS
+
+    langs = [arg for key, flag in (("src_lang", "--src-lang"), ("tgt_lang", "--tgt-lang"))
+             if key in pretrained.langs for arg in (flag, pretrained.langs[key])]
+    common = ["--max-new-tokens", NEW_TOKENS, *langs]
+    greedy = translate(cpp_build, pretrained.art, hf_models.TEST_SENTENCES, *common)
+    assert greedy.returncode == 0, greedy.stderr
+    assert greedy.stdout.splitlines() == pretrained.greedy[1]
+    beam = translate(cpp_build, pretrained.art, hf_models.TEST_SENTENCES, "--beam", 4, "--beam-stop", "transformers",
+                     *common)
+    assert beam.returncode == 0, beam.stderr
+    assert beam.stdout.splitlines() == pretrained.beam[1]
+    bad = translate(cpp_build, pretrained.art, ["hello"], "--tgt-lang", "xx", *langs[:2] if "src_lang" in
+                    pretrained.langs else [])
+    assert bad.returncode == 1 and "unknown target language 'xx'" in bad.stderr

@@ -33,7 +33,7 @@ def test_token_id_interface_matches_text(demo_artifact):
 
     from twostep.runtime.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer(demo_artifact / "tokenizer.model")
+    tokenizer = Tokenizer.sentencepiece(demo_artifact / "tokenizer.model")
     ids = " ".join(map(str, tokenizer.encode_source("four hundred and two")))
     result = twostep("translate", demo_artifact, "--ids", ids)
     assert result.returncode == 0, result.stderr

@@ -232,3 +232,31 @@ def test_requests_arriving_during_a_batch_join_it_only_in_flight(demo_artifact, 
         assert joined >= 1 or batching == "express"
     else:
         assert joined == 0 and steps >= 120
+
+
+def test_pretrained_families_translate_per_request_languages_as_transformers_does(pretrained):
+    """`src_lang`/`tgt_lang` per request; concurrent requests to different target languages share batches
+    (M2M100's language token is a per-row forced token) and each gets transformers' translation."""
+    import hf_models
+    from conftest import NEW_TOKENS
+
+    requests = [(dict(pretrained.langs), pretrained.greedy[1])]
+    if pretrained.name == "m2m100":
+        german = hf_models.reference(pretrained.hf, hf_models.TEST_SENTENCES, NEW_TOKENS, src_lang="en", tgt_lang="de")
+        requests.append(({"src_lang": "en", "tgt_lang": "de"}, german[1]))
+    with server(pretrained.art, "--max-wait-ms", 50) as (url, _):
+        def ask(langs):
+            texts = []
+            for sentence in hf_models.TEST_SENTENCES:  # one request a sentence: they meet in the engine's batches
+                r = post(url, {"text": [sentence], "max_new_tokens": NEW_TOKENS, **langs})
+                assert r.status_code == 200, r.text
+                texts.append(r.json()["translations"][0][0]["text"])
+            return texts
+
+        with ThreadPoolExecutor(len(requests)) as pool:
+            answers = list(pool.map(ask, [langs for langs, _ in requests]))
+        for (_, want), got in zip(requests, answers):
+            assert got == want
+        bad = post(url, {"text": ["hello"], "tgt_lang": "xx", **({"src_lang": "en"} if "src_lang" in
+                                                                  pretrained.langs else {})})
+        assert bad.status_code == 400 and "unknown target language 'xx'" in bad.json()["error"]

@@ -12,8 +12,13 @@ from typing import Any
 from twostep.errors import BadCheckpoint
 
 NORM_PLACEMENTS = ("pre", "post")
-FIELD_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "int | None": (int, type(None))}
+FIELD_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "int | None": (int, type(None)),
+               "tuple[int, ...]": (tuple,)}
 NORM_TYPES = ("torch", "annotated")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+# The sinusoid a position table holds (twostep.model.transformer.position_table): the paper's interleaved sin/cos;
+# Marian's sin half then cos half; fairseq's (M2M100, NLLB) halves with a (D/2 - 1) denominator.
+POSITIONS = ("paper", "marian", "fairseq")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,11 @@ class ModelConfig:
     share_embeddings: bool = False  # one embedding table for source and target
     tie_generator: bool = False  # generator weight is the target embedding
     logit_scale: float = 1.0
+    activation: str = "relu"  # the feed-forward's: relu, gelu (erf), gelu_tanh, silu (swish)
+    positions: str = "paper"  # which sinusoid fills the position table (POSITIONS)
+    position_offset: int = 0  # position p reads the sinusoid's row p + offset (fairseq: pad_id + 1)
+    decoder_start_id: int | None = None  # the decoder's first input; None: bos_id (Marian: pad; M2M100: eos)
+    never_generate: tuple[int, ...] = ()  # target ids decoding never picks (Marian's pad)
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
@@ -67,15 +77,25 @@ class ModelConfig:
             out.append(f"norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}")
         if self.d_k is None and self.d_model % self.n_heads:
             out.append(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}; give d_k and d_v")
+        if self.activation not in ACTIVATIONS:
+            out.append(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.positions not in POSITIONS:
+            out.append(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.position_offset < 0:
+            out.append("position_offset must be >= 0")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             out.append("share_embeddings needs equal source and target vocab sizes")
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions",
                      "n_encoder_layers", "n_decoder_layers", "d_k", "d_v", "norm_eps"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 out.append(f"{name} must be positive")
-        for name in ("pad_id", "unk_id", "bos_id", "eos_id"):
-            if not 0 <= getattr(self, name) < self.tgt_vocab_size:
+        for name in ("pad_id", "unk_id", "bos_id", "eos_id", "decoder_start_id"):
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) < self.tgt_vocab_size:
                 out.append(f"{name} {getattr(self, name)} is outside the target vocab")
+        if any(not 0 <= i < self.tgt_vocab_size for i in self.never_generate):
+            out.append(f"never_generate {list(self.never_generate)[:5]} has ids outside the target vocab")
+        if self.eos_id in self.never_generate:
+            out.append("never_generate holds the eos id: decoding could never end")
         return out
 
     def type_problems(self) -> list[str]:
@@ -85,9 +105,16 @@ class ModelConfig:
             value, expected = getattr(self, f.name), FIELD_TYPES[f.type]
             if isinstance(value, bool) != (bool in expected) or not isinstance(value, expected):
                 out.append(f"{f.name} must be {f.type}, got {type(value).__name__} {value!r:.40}")
+            elif isinstance(value, tuple) and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                out.append(f"{f.name} must be a list of ints, got {list(value)!r:.40}")
             elif isinstance(value, float) and not math.isfinite(value):
                 out.append(f"{f.name} must be finite, got {value}")
         return out
+
+    @property
+    def start_id(self) -> int:
+        """The decoder's first input token."""
+        return self.bos_id if self.decoder_start_id is None else self.decoder_start_id
 
     @property
     def head_dim_k(self) -> int:
@@ -101,7 +128,7 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
@@ -109,6 +136,7 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise BadCheckpoint(f"unknown model config keys: {', '.join(unknown)}")
+        data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
         try:
             return cls(**data)
         except TypeError as exc:  # a missing required field

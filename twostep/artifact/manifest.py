@@ -1,14 +1,15 @@
 """manifest.json as a frozen value: what export writes and load_artifact returns. Nothing outside this package
 reads the manifest's raw keys.
 
-    format, schema_version   "twostep-artifact", 2
+    format, schema_version   "twostep-artifact", 3
     model                    the model config (twostep.artifact.config)
     special_tokens           pad, unk, bos, eos (the config's ids)
     source_suffix            "eos": source token ids end with eos; decoding starts from bos
     max_positions, dtype, precision, quantization, fusions, opset
     graphs                   the contract's two graphs: {name: {file, inputs, outputs}}
     variants                 runtime-specific graphs beside them: {name: {file, inputs, outputs, runtime, ops}}
-    tokenizer, task, exporter, validation
+    tokenizer                how text becomes ids and back, or null (twostep.artifact.tokenizer)
+    task, exporter, validation
     files                    sha256 of every file of the artifact
 
 `parse` checks every part a consumer relies on (any problem is a BadArtifact); the graphs' I/O must be exactly
@@ -26,13 +27,17 @@ from typing import Any
 
 from twostep.artifact.config import ModelConfig
 from twostep.artifact.spec import CONTRACT, GRAPHS, GraphSpec
+from twostep.artifact.tokenizer import TokenizerSpec
 from twostep.artifact.trust import safe_name
 from twostep.errors import BadArtifact, BadCheckpoint
 
 FORMAT = "twostep-artifact"
-# 2: the decoder takes past_lengths [batch], so that rows of one batch can be at different positions (a sentence
-# joins a running batch). 1: every row at the cache's one position.
-SCHEMA_VERSION = 2
+# 3: `tokenizer` is a section (files, vocabulary tables, languages) instead of one SentencePiece file name; the
+# model config says how the decoder starts and what it never generates. 2: the decoder takes past_lengths [batch],
+# so that rows of one batch can be at different positions (a sentence joins a running batch). 1: every row at the
+# cache's one position. This twostep reads 2 as well: its tokenizer file is a plain SentencePiece spec.
+SCHEMA_VERSION = 3
+READS = (2, 3)
 DTYPES = ("float32", "float16")
 PRECISIONS = ("fp32", "fp16", "int8")
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -62,7 +67,7 @@ class Manifest:
     precision: str  # the weights': fp32, fp16 or int8
     opset: int
     graphs: Mapping[str, GraphEntry]  # the contract's two, then the variants this twostep knows
-    tokenizer: str | None = None
+    tokenizer: TokenizerSpec | None = None
     task: str | None = None
     quantization: dict | None = None
     fusions: dict | None = None  # com.microsoft ops: ONNX Runtime only
@@ -79,7 +84,7 @@ class Manifest:
 
     def opened_files(self) -> list[str]:
         """The files the runtime opens itself: the graphs and the tokenizer."""
-        return self.graph_files() + ([self.tokenizer] if self.tokenizer else [])
+        return self.graph_files() + (self.tokenizer.files() if self.tokenizer else [])
 
     def replace(self, **changes: Any) -> Manifest:
         return dataclasses.replace(self, **changes)
@@ -100,7 +105,7 @@ class Manifest:
             "opset": self.opset,
             "graphs": {name: self.graphs[name].to_json() for name in CONTRACT},
             "variants": {name: entry.to_json() for name, entry in self.variants.items()},
-            "tokenizer": self.tokenizer,
+            "tokenizer": self.tokenizer.to_json() if self.tokenizer else None,
             "task": self.task,
             "exporter": self.exporter,
         }
@@ -114,7 +119,7 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise BadArtifact(f"{where}: not a twostep manifest (format != {FORMAT!r})")
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION or isinstance(version, bool):
+        if version not in READS or isinstance(version, bool):
             raise BadArtifact(schema_message(where, version))
         try:
             config = ModelConfig.from_dict(value(data, "model", dict, where))
@@ -125,9 +130,7 @@ class Manifest:
         if value(data, "max_positions", int, where) != config.max_positions:
             raise BadArtifact(f"{where}: malformed manifest (max_positions differs from model.max_positions)")
         opset = value(data, "opset", int, where)
-        tokenizer = data.get("tokenizer")
-        if tokenizer is not None:
-            safe_name(tokenizer, where)
+        tokenizer = parse_tokenizer(data.get("tokenizer"), version, config, where)
         files = value(data, "files", dict, where)
         for name, digest in files.items():
             safe_name(name, where)
@@ -156,6 +159,17 @@ class Manifest:
                    exporter=data.get("exporter") or {}, validation=data.get("validation"), files=files)
 
 
+def parse_tokenizer(data: Any, version: int, config: ModelConfig, where: str) -> TokenizerSpec | None:
+    if data is None:
+        return None
+    if version == 2:  # one SentencePiece file whose ids are the model's
+        if not isinstance(data, str):
+            raise BadArtifact(f"{where}: malformed manifest ('tokenizer' is {type(data).__name__})")
+        c = config
+        return TokenizerSpec.sentencepiece(safe_name(data, where), c.pad_id, c.unk_id, c.bos_id, c.eos_id)
+    return TokenizerSpec.parse(data, where, (config.src_vocab_size, config.tgt_vocab_size))
+
+
 def value(data: dict, key: str, types: type | tuple[type, ...], where: str, choices: tuple = ()) -> Any:
     if key not in data:
         raise BadArtifact(f"{where}: malformed manifest (missing {key!r})")
@@ -170,10 +184,10 @@ def value(data: dict, key: str, types: type | tuple[type, ...], where: str, choi
 def schema_message(where: str, version: Any) -> str:
     """Why an artifact of another schema version cannot be read, and what to do. cpp/src/manifest.cpp says the
     same."""
-    if isinstance(version, int) and not isinstance(version, bool) and 1 <= version < SCHEMA_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and 1 <= version < min(READS):
         return (f"{where}: schema version {version}, exported by an older twostep whose decoder runs every row at "
                 f"one position; this twostep reads version {SCHEMA_VERSION} (rows at different positions, so "
                 "sentences can join a running batch): re-export it from its checkpoint with "
                 "`twostep export CHECKPOINT --out DIR --force`")
-    return (f"{where}: schema version {version!r:.40}, this twostep reads version {SCHEMA_VERSION}; re-export "
-            "with this twostep or install the matching one")
+    return (f"{where}: schema version {version!r:.40}, this twostep reads versions "
+            f"{' and '.join(map(str, READS))}; re-export with this twostep or install the matching one")

@@ -4,7 +4,8 @@
     decoder_inplace.onnx         a variant, written where the model allows it: an ONNX Runtime-only decoder that
                                  writes its cache in place (twostep.exporter.inplace); the weights it shares with
                                  decoder.onnx are ONNX external data inside decoder.onnx, not a second copy
-    tokenizer.model              SentencePiece model, when the checkpoint had one
+    tokenizer files              the SentencePiece model(s) and vocabulary tables the manifest's tokenizer
+                                 section names (twostep.artifact.tokenizer), when the checkpoint had them
     manifest.json                schema version, model config, special ids, graph I/O, opset, versions,
                                  sha256 of every file, max positions, validation tolerances (twostep.artifact.manifest)
     engines/                     TensorRT engines built on first use, each checked against its own record;
@@ -23,6 +24,7 @@ from pathlib import Path
 from twostep.artifact.config import ModelConfig
 from twostep.artifact.manifest import FORMAT, GraphEntry, Manifest
 from twostep.artifact.spec import CONTRACT, GraphSpec
+from twostep.artifact.tokenizer import TokenizerSpec
 from twostep.artifact.trust import external_data_locations, inside, read_digest, safe_name, sha256_file
 from twostep.errors import BadArtifact
 from twostep.files import OLD, OutputKind, read_json
@@ -63,8 +65,8 @@ class Artifact:
         return self.manifest.files[self.manifest.graphs[graph].file]
 
     @property
-    def tokenizer_path(self) -> Path | None:
-        return self.path / self.manifest.tokenizer if self.manifest.tokenizer else None
+    def tokenizer(self) -> TokenizerSpec | None:
+        return self.manifest.tokenizer
 
     @property
     def dtype(self) -> str:
@@ -154,9 +156,6 @@ def owned_entries(path: Path) -> set[str] | None:
         return None
     files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
     return {MANIFEST, ENGINES} | {name.split("/")[0] for name in files if isinstance(name, str)}
-
-
-ARTIFACT = OutputKind("artifact", MANIFEST, owned_entries)
 
 
 ARTIFACT = OutputKind("artifact", MANIFEST, owned_entries)

@@ -112,8 +112,9 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
         for info in graphs:
             if info.shares:
                 share_weights(tmp / info.file, tmp / GRAPHS[info.shares].file)
-        if ckpt.tokenizer_path is not None:
-            shutil.copyfile(ckpt.tokenizer_path, tmp / "tokenizer.model")
+        tokenizer = ckpt.tokenizer
+        for name in tokenizer.files() if tokenizer else []:
+            shutil.copyfile(ckpt.path / name, tmp / name)
         entries = {info.name: GraphEntry(info.name, info.file, info.spec(model.config, onnx_dtype), info.runtime,
                                          info.ops) for info in graphs}
         problems = [p for entry in entries.values() for p in check_declaration(tmp / entry.file, entry.spec)]
@@ -121,7 +122,7 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             raise ParityFailure("exported graphs do not match their declaration:\n  " + "\n  ".join(problems))
         manifest = Manifest(
             config=model.config, dtype=onnx_dtype, precision=precision, opset=opset, graphs=entries,
-            tokenizer="tokenizer.model" if ckpt.tokenizer_path is not None else None, task=ckpt.task,
+            tokenizer=tokenizer, task=ckpt.task,
             quantization=quantization, fusions=fusions if optimize else None,
             exporter={"versions": versions(), "trace_sizes": TRACE_SIZES,
                       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},

@@ -1,4 +1,7 @@
-"""Checkpoints as a directory: `config.json`, `model.safetensors` and, when there is one, `tokenizer.model`.
+"""Checkpoints as a directory: `config.json`, `model.safetensors` and, when there is one, the tokenizer:
+`tokenizer.model` (a SentencePiece model whose ids are the model's), or the files that config.json's
+`tokenizer` section names (twostep.artifact.tokenizer: an imported model's SentencePiece models and vocabulary
+tables).
 
 Weights are safetensors only: loading a checkpoint never executes code. Every key and shape is checked
 against the config, and all problems are reported in one error.
@@ -17,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from twostep.artifact.config import ModelConfig
+from twostep.artifact.tokenizer import TokenizerSpec
 from twostep.errors import BadCheckpoint
 from twostep.files import OutputKind, output_directory, read_json
 from twostep.model.transformer import Transformer
@@ -38,9 +42,24 @@ class Checkpoint:
         return self.model.config
 
     @property
-    def tokenizer_path(self) -> Path | None:
-        path = self.path / TOKENIZER_FILE
-        return path if path.is_file() else None
+    def tokenizer(self) -> TokenizerSpec | None:
+        return tokenizer_spec(self.path, self.config, self.info.get("tokenizer"))
+
+
+def tokenizer_spec(path: Path, config: ModelConfig, section: Any) -> TokenizerSpec | None:
+    """A checkpoint's tokenizer: config.json's section, or for a tokenizer.model the plain SentencePiece one."""
+    c = config
+    if section is not None:
+        return TokenizerSpec.parse(section, str(path / CONFIG_FILE), (c.src_vocab_size, c.tgt_vocab_size))
+    if (path / TOKENIZER_FILE).is_file():
+        return TokenizerSpec.sentencepiece(TOKENIZER_FILE, c.pad_id, c.unk_id, c.bos_id, c.eos_id)
+    return None
+
+
+def read_tokenizer(path: Path) -> TokenizerSpec | None:
+    """The tokenizer of the checkpoint at `path`, without loading its weights."""
+    meta = read_config(path)
+    return tokenizer_spec(Path(path), ModelConfig.from_dict(meta["model"]), meta.get("tokenizer"))
 
 
 def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -80,7 +99,9 @@ def owned_entries(path: Path) -> set[str] | None:
         return None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         return None
-    return {CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE}
+    spec = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    named = [spec.get(k) for k in ("source_model", "target_model", "source_vocab", "target_vocab")]
+    return {CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE} | {n for n in named if isinstance(n, str) and "/" not in n}
 
 
 CHECKPOINT = OutputKind("checkpoint", CONFIG_FILE, owned_entries)
@@ -88,9 +109,10 @@ CHECKPOINT = OutputKind("checkpoint", CONFIG_FILE, owned_entries)
 
 def write_checkpoint(
     model: Transformer, out_dir: Path, tokenizer: Path | None = None, task: str | None = None,
-    info: dict[str, Any] | None = None,
+    info: dict[str, Any] | None = None, tokenizer_files: dict[str, Path | bytes] | None = None,
 ) -> None:
-    """Write the checkpoint's files into the (new, empty) directory `out_dir`."""
+    """Write the checkpoint's files into the (new, empty) directory `out_dir`. `tokenizer`: a SentencePiece
+    model whose ids are the model's; `tokenizer_files`: the files an info["tokenizer"] section names, by name."""
     weights = {k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(model).items()}
     try:
         save_file(weights, str(out_dir / WEIGHTS_FILE))
@@ -102,16 +124,21 @@ def write_checkpoint(
     (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     if tokenizer is not None:
         shutil.copyfile(tokenizer, out_dir / TOKENIZER_FILE)
+    for name, source in (tokenizer_files or {}).items():
+        if isinstance(source, bytes):
+            (out_dir / name).write_bytes(source)
+        else:
+            shutil.copyfile(source, out_dir / name)
 
 
 def save_checkpoint(
     model: Transformer, out_dir: Path, tokenizer: Path | None = None, task: str | None = None,
-    info: dict[str, Any] | None = None, force: bool = False,
+    info: dict[str, Any] | None = None, force: bool = False, tokenizer_files: dict[str, Path | bytes] | None = None,
 ) -> Path:
     """Write the checkpoint atomically (twostep.files.output_directory): an existing directory is replaced
     only when it is a twostep checkpoint and `force` is given."""
     with output_directory(out_dir, CHECKPOINT, force) as tmp:
-        write_checkpoint(model, tmp, tokenizer, task, info)
+        write_checkpoint(model, tmp, tokenizer, task, info, tokenizer_files)
     return Path(out_dir)
 
 

@@ -42,6 +42,41 @@ def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
     return table.float()
 
 
+def marian_table(n_positions: int, d_model: int) -> Tensor:
+    """Marian's (transformers' MarianSinusoidalPositionalEmbedding): the paper's angles, in float64, with the
+    sines in the first half of the vector and the cosines in the second instead of interleaved. (P, D)"""
+    j = torch.arange(d_model, dtype=torch.float64)
+    angle = torch.arange(n_positions, dtype=torch.float64)[:, None] / torch.pow(10000.0, 2 * (j // 2) / d_model)
+    return torch.cat([torch.sin(angle[:, 0::2]), torch.cos(angle[:, 1::2])], dim=1).float()
+
+
+def fairseq_table(n_positions: int, d_model: int) -> Tensor:
+    """fairseq's (M2M100, NLLB: transformers' M2M100SinusoidalPositionalEmbedding.get_embedding), in float32 as
+    it computes it: sines then cosines of p * exp(-i log(10000) / (D/2 - 1)). (P, D)"""
+    half = d_model // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1)))
+    angle = torch.arange(n_positions, dtype=torch.int64).float()[:, None] * freq[None, :]
+    table = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)
+    return torch.cat([table, torch.zeros(n_positions, 1)], dim=1) if d_model % 2 else table
+
+
+POSITION_TABLES = {"paper": sinusoid_table, "marian": marian_table, "fairseq": fairseq_table}
+
+
+def position_table(config: ModelConfig) -> Tensor:
+    """The config's sinusoid, rows offset .. offset + max_positions - 1: position p reads row p. (P, D)"""
+    table = POSITION_TABLES[config.positions](config.max_positions + config.position_offset, config.d_model)
+    return table[config.position_offset :].contiguous()
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
 class AnnotatedLayerNorm(nn.Module):
     """The original Annotated Transformer's norm: `a_2 * (x - mean) / (std + eps) + b_2`, unbiased std."""
 
@@ -101,9 +136,10 @@ class FeedForward(nn.Module):
         self.w_1 = nn.Linear(config.d_model, config.d_ff)
         self.w_2 = nn.Linear(config.d_ff, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
+        self.activation = ACTIVATIONS[config.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(self.dropout(F.relu(self.w_1(x))))
+        return self.w_2(self.dropout(self.activation(self.w_1(x))))
 
 
 class Sublayers(nn.Module):
@@ -178,7 +214,7 @@ class Transformer(nn.Module):
         d = config.d_model
         self.src_embed = nn.Embedding(config.src_vocab_size, d)
         self.tgt_embed = self.src_embed if config.share_embeddings else nn.Embedding(config.tgt_vocab_size, d)
-        self.register_buffer("pos_table", sinusoid_table(config.max_positions, d))  # (P, D)
+        self.register_buffer("pos_table", position_table(config))  # (P, D)
         self.embed_scale = math.sqrt(d) if config.scale_embedding else 1.0
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder = Stack(config, EncoderLayer, config.n_encoder_layers, config.encoder_final_norm)

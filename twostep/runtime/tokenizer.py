@@ -1,52 +1,138 @@
-"""SentencePiece tokenization, the same file for Python and C++ consumers.
+"""Text to token ids and back, as the artifact's tokenizer section says (twostep.artifact.tokenizer); the C++
+library (cpp/src/model.cpp) does the same, step by step.
 
-Ids follow the checkpoint's special tokens: pad 0, unk 1, bos 2, eos 3. Source sentences end with eos;
-target sequences start from bos and end at eos.
+The seeds' models use one SentencePiece model whose ids are the model's (pad 0, unk 1, bos 2, eos 3 when
+twostep trains it): source sentences end with eos, target sequences start from bos and end at eos. Pretrained
+families map SentencePiece's pieces to their own ids through vocabulary tables, put language tokens before the
+source, and force one after the decoder's start id.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
 
+from twostep.artifact.tokenizer import Ids, TokenizerSpec
 from twostep.errors import BadArtifact, BadInput
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPIECE_UNDERLINE = "\u2581"
+
+
+def load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
+    if not path.is_file():
+        raise BadArtifact(f"{path}: tokenizer file not found")
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.LoadFromSerializedProto(path.read_bytes())
+    except RuntimeError as exc:  # sentencepiece reports a bad file as RuntimeError
+        raise BadArtifact(f"{path}: not a SentencePiece model ({exc})") from None
+    return sp
+
+
+def load_table(path: Path) -> dict[str, int]:
+    """A {piece: id} vocabulary table (JSON)."""
+    if not path.is_file():
+        raise BadArtifact(f"{path}: vocabulary file not found")
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadArtifact(f"{path}: not a JSON vocabulary ({exc})") from None
+    if not isinstance(table, dict) or not all(isinstance(i, int) and not isinstance(i, bool) for i in table.values()):
+        raise BadArtifact(f"{path}: expected a JSON object of piece -> integer id")
+    return table
 
 
 class Tokenizer:
-    def __init__(self, path: Path | str):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise BadArtifact(f"{self.path}: tokenizer file not found")
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.LoadFromSerializedProto(self.path.read_bytes())
-        except RuntimeError as exc:  # sentencepiece reports a bad file as RuntimeError
-            raise BadArtifact(f"{self.path}: not a SentencePiece model ({exc})") from None
-        self.special = {
-            "pad": self.sp.pad_id(), "unk": self.sp.unk_id(), "bos": self.sp.bos_id(), "eos": self.sp.eos_id()
-        }
+    """One artifact's (or checkpoint's) tokenizer: `directory` holds the files `spec` names."""
+
+    def __init__(self, directory: Path | str, spec: TokenizerSpec):
+        directory = Path(directory)
+        self.spec = spec
+        self.source_sp = load_sentencepiece(directory / spec.source_model)
+        self.target_sp = (self.source_sp if spec.target_model == spec.source_model
+                          else load_sentencepiece(directory / spec.target_model))
+        self.source_table = load_table(directory / spec.source_vocab) if spec.source_vocab else None
+        self.target_pieces = None  # id -> piece
+        if spec.target_vocab:
+            table = (self.source_table if spec.target_vocab == spec.source_vocab
+                     else load_table(directory / spec.target_vocab))
+            self.target_pieces = {i: piece for piece, i in table.items()}
+        self.drop = frozenset(spec.drop_ids)
+        self.special_ids = {p: self.piece_id(p) for p in spec.special_pieces}
+        # longest first, so that at each position the longest special piece that matches wins
+        ordered = sorted(spec.special_pieces, key=len, reverse=True)
+        self.splitter = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+    @classmethod
+    def sentencepiece(cls, path: Path | str, pad: int = PAD_ID, unk: int = UNK_ID, bos: int = BOS_ID,
+                      eos: int = EOS_ID) -> Tokenizer:
+        """One SentencePiece file whose ids are the model's (the seeds)."""
+        path = Path(path)
+        return cls(path.parent, TokenizerSpec.sentencepiece(path.name, pad, unk, bos, eos))
 
     @property
     def vocab_size(self) -> int:
-        return self.sp.get_piece_size()
+        return self.source_sp.get_piece_size()
 
-    def encode_source(self, text: str) -> list[int]:
+    def piece_id(self, piece: str) -> int:
+        if self.source_table is None:
+            return self.source_sp.piece_to_id(piece)
+        return self.source_table.get(piece, self.spec.unk_id)
+
+    def pieces(self, text: str) -> list[int]:
+        """The text's ids: special pieces as one id each, the text between them through SentencePiece."""
+        out: list[int] = []
+        start = 0
+        chunks = []
+        if self.splitter is not None:
+            for m in self.splitter.finditer(text):
+                chunks.append((text[start : m.start()], None))
+                chunks.append((None, m.group()))
+                start = m.end()
+        chunks.append((text[start:], None))
+        for chunk, special in chunks:
+            if special is not None:
+                out.append(self.special_ids[special])
+            elif chunk:
+                if self.source_table is None:
+                    out += self.source_sp.encode(chunk)
+                else:
+                    out += [self.source_table.get(p, self.spec.unk_id) for p in self.source_sp.encode(chunk, out_type=str)]
+        return out
+
+    def encode_source(self, text: str, src_lang: str | None = None, tgt_lang: str | None = None) -> list[int]:
         if not text.strip():
             raise BadInput("empty input sentence")
-        return self.sp.encode(text) + [self.sp.eos_id()]
+        langs = self.spec.languages
+        src, tgt = langs.pick("source", src_lang), langs.pick("target", tgt_lang)
+        prefix = [*(langs.source[src] if src else ()), *(langs.target[tgt].source if tgt else ())]
+        return prefix + self.pieces(text) + list(self.spec.source_suffix)
+
+    def start(self, start_id: int, tgt_lang: str | None = None) -> Ids:
+        """The decoder's first tokens for a target language: the start id, then any forced language token."""
+        return self.spec.start(start_id, tgt_lang)
+
+    def check_languages(self, src_lang: str | None, tgt_lang: str | None) -> None:
+        self.spec.languages.pick("source", src_lang)
+        self.spec.languages.pick("target", tgt_lang)
 
     def encode_target(self, text: str) -> list[int]:
-        """Target pieces without bos/eos."""
-        return self.sp.encode(text)
+        """Target pieces without bos/eos (training)."""
+        return self.target_sp.encode(text) if self.target_pieces is None else self.pieces(text)
 
     def decode(self, ids: Iterable[int]) -> str:
-        specials = set(self.special.values())
-        return self.sp.decode([int(i) for i in ids if int(i) not in specials])
+        kept = [int(i) for i in ids if int(i) not in self.drop]
+        if self.target_pieces is None:
+            pieces = [self.target_sp.id_to_piece(i) for i in kept if 0 <= i < self.target_sp.get_piece_size()]
+        else:
+            pieces = [self.target_pieces[i] for i in kept if i in self.target_pieces]
+        return self.target_sp.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
 
 
 def train_tokenizer(sentences: Iterable[str], out_path: Path, vocab_size: int, model_type: str = "unigram") -> Path:

@@ -66,11 +66,27 @@ class Translator:
                            f"{wanted}, or ask for fewer (max_new_tokens)")
         return wanted
 
-    def decode_ids(self, sources: Sequence[Sequence[int]],
-                   options: DecodeOptions | None = None) -> list[list[Hypothesis]]:
+    def prefix(self, tgt_lang: str | None = None) -> tuple[int, ...]:
+        """The tokens forced after the decoder's start for a target language (M2M100's __fr__; none for a model
+        whose language token goes into the source, like Marian's >>fra<<)."""
+        if self.tokenizer is None:
+            if tgt_lang is not None:
+                raise BadInput("this model has no tokenizer, hence no languages: leave out the target language")
+            return ()
+        targets = self.tokenizer.spec.languages.target.values()
+        if tgt_lang is None and not any(t.decoder for t in targets):
+            return ()  # token ids: a language token in the source is already there
+        return self.tokenizer.start(self.limits.specials.bos_id, tgt_lang)[1:]
+
+    def decode_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
+                   prefixes: Sequence[Sequence[int]] | None = None,
+                   tgt_lang: str | None = None) -> list[list[Hypothesis]]:
         """Token ids in (each ending with eos), n-best hypotheses out (without bos/eos), in input order.
-        `options`: this call's, instead of the Translator's."""
+        `options`: this call's, instead of the Translator's. `prefixes`: each sentence's forced tokens after
+        the decoder's start, else those of `tgt_lang` for all."""
         options = self.options if options is None else options
+        if prefixes is None:
+            prefixes = [self.prefix(tgt_lang)] * len(sources)
         self.check_ids(sources)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths share a batch
         results: list[list[Hypothesis]] = [[] for _ in sources]
@@ -79,17 +95,21 @@ class Translator:
                 chunk = order[start : start + self.batch_size]
                 batch = [sources[i] for i in chunk]
                 outs = decode(self.session, batch, options, specials=self.limits.specials,
-                              max_new_tokens=self.max_new_tokens(batch, options))
+                              max_new_tokens=self.max_new_tokens(batch, options),
+                              prefixes=[prefixes[i] for i in chunk])
                 for i, out in zip(chunk, outs):
                     results[i] = out
         return results
 
-    def translate_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> list[list[int]]:
-        return [hyps[0].tokens if hyps else [] for hyps in self.decode_ids(sources, options)]
+    def translate_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
+                      tgt_lang: str | None = None) -> list[list[int]]:
+        return [hyps[0].tokens if hyps else [] for hyps in self.decode_ids(sources, options, tgt_lang=tgt_lang)]
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode(self, texts: Sequence[str], src_lang: str | None = None, tgt_lang: str | None = None) -> list[list[int]]:
+        """Source ids of each text, with the languages' tokens (twostep.artifact.tokenizer)."""
         if self.tokenizer is None:
-            raise BadInput("this model has no tokenizer.model: text translation needs one (token-id APIs work without)")
+            raise BadInput("this model has no tokenizer: text translation needs one (token-id APIs work without)")
+        self.tokenizer.check_languages(src_lang, tgt_lang)
         out = []
         for i, text in enumerate(texts):
             if not isinstance(text, str):
@@ -100,7 +120,7 @@ class Translator:
                 text.encode("utf-8")
             except UnicodeEncodeError:  # lone surrogates, which SentencePiece cannot take
                 raise BadInput(f"sentence {i + 1} is not valid Unicode text (it holds lone surrogates)") from None
-            out.append(self.tokenizer.encode_source(text))
+            out.append(self.tokenizer.encode_source(text, src_lang, tgt_lang))
         return out
 
     def best_texts(self, hypotheses: Sequence[Sequence[Hypothesis]]) -> list[str]:
@@ -111,12 +131,15 @@ class Translator:
         """Each sentence's hypotheses as (text, score): decode_ids' answer as translate_nbest() gives it."""
         return [[(self.tokenizer.decode(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
-    def translate(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
-        return self.best_texts(self.decode_ids(self.encode(texts), options))
+    def translate(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
+                  tgt_lang: str | None = None) -> list[str]:
+        ids = self.encode(texts, src_lang, tgt_lang)
+        return self.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 
-    def translate_nbest(self, texts: Sequence[str],
-                        options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
-        return self.nbest_texts(self.decode_ids(self.encode(texts), options))
+    def translate_nbest(self, texts: Sequence[str], options: DecodeOptions | None = None,
+                        src_lang: str | None = None, tgt_lang: str | None = None) -> list[list[tuple[str, float]]]:
+        ids = self.encode(texts, src_lang, tgt_lang)
+        return self.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 
 
 def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Path | None = None,
@@ -134,12 +157,14 @@ def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Pat
         name = backend or "ort-cpu"
         sized = backends.workload_options(name, artifact.config, rows=batch_size * options.beam_size)
         be = backends.create(name, artifact=artifact, checkpoint_dir=checkpoint, **sized, **backend_options)
-        tokenizer_path = artifact.tokenizer_path
+        tokenizer = Tokenizer(model_dir, artifact.tokenizer) if artifact.tokenizer else None
     else:
         if backend not in (None, "torch"):
             raise BadInput(f"{model_dir} is not an artifact directory (no {MANIFEST}); backend {backend!r} runs "
                            "exported graphs: run `twostep export` first, or use --backend torch on a checkpoint")
         be = backends.create("torch", checkpoint_dir=model_dir, **backend_options)
-        tokenizer_path = model_dir / "tokenizer.model"
-    tokenizer = Tokenizer(tokenizer_path) if tokenizer_path is not None and tokenizer_path.is_file() else None
+        from twostep.model.checkpoint import read_tokenizer
+
+        spec = read_tokenizer(model_dir)
+        tokenizer = Tokenizer(model_dir, spec) if spec else None
     return Translator(be.session(), Limits.of(be.config, be.target_positions), tokenizer, batch_size, options), be

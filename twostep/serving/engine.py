@@ -74,6 +74,7 @@ class Metrics:
 class Request:
     sources: list[list[int]]
     options: DecodeOptions
+    prefix: tuple[int, ...] = ()  # forced after the decoder's start: the target language's token
     future: Future = field(default_factory=Future)
     results: list = field(init=False)
     remaining: int = field(init=False)
@@ -170,15 +171,16 @@ class BatchingEngine:
         return len(self.waiting)
 
     def submit(self, sources: Sequence[Sequence[int]], options: DecodeOptions,
-               max_new_tokens: Callable[[list[int]], int]) -> Future:
+               max_new_tokens: Callable[[list[int]], int], prefix: Sequence[int] = ()) -> Future:
         """Queue one request of checked sentences; its future's result is their n-best hypotheses, in order.
-        `max_new_tokens(ids)`: how far a sentence decodes (a BadInput from it queues nothing). Cancel the future
-        to drop its rows. Raises BadInput for more sentences than may wait, and Overloaded when the queue
-        cannot take them now."""
+        `max_new_tokens(ids)`: how far a sentence decodes (a BadInput from it queues nothing); `prefix`: tokens
+        forced after the decoder's start (Entry.prefix: requests to different target languages share batches).
+        Cancel the future to drop its rows. Raises BadInput for more sentences than may wait, and Overloaded when
+        the queue cannot take them now."""
         if len(sources) > self.limits.max_queue:
             raise BadInput(f"a request of {len(sources)} sentences cannot be queued: at most {self.limits.max_queue} "
                            "sentences wait at once; send fewer per request")
-        request = Request([list(map(int, s)) for s in sources], options)
+        request = Request([list(map(int, s)) for s in sources], options, tuple(map(int, prefix)))
         if not sources:
             request.future.set_result([])
             return request.future
@@ -278,7 +280,8 @@ class BatchingEngine:
     def join(self, batch: RunningBatch, joining: list[Sentence]) -> None:
         running = batch.sentences
         try:
-            self.answer_all(batch.add([Entry(x.ids, x.request.key, x.limit, x) for x in joining]))
+            self.answer_all(batch.add([Entry(x.ids, x.request.key, x.limit, x, prefix=x.request.prefix)
+                                       for x in joining]))
         except TwostepError as exc:  # refused before the batch changed (an engine profile's limit)
             if len(joining) == 1:
                 self.fail(joining, exc)

@@ -45,47 +45,56 @@ class BatchingTranslator:
         """Sentences waiting for a batch (not those decoding)."""
         return self.engine.queue_depth
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.translator.encode(texts)
+    def encode(self, texts: Sequence[str], src_lang: str | None = None, tgt_lang: str | None = None) -> list[list[int]]:
+        return self.translator.encode(texts, src_lang, tgt_lang)
 
-    def submit_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None) -> Future:
+    def submit_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
+                   tgt_lang: str | None = None) -> Future:
         """Queue one request; its future's result is decode_ids'. Cancel the future to drop its rows. Raises
         BadInput for a bad request and Overloaded when the queue cannot take it now."""
         options = self.translator.options if options is None else options
         if not isinstance(options, DecodeOptions):
             raise TypeError(f"options must be DecodeOptions, got {type(options).__name__}")
         self.translator.check_ids(sources)
-        return self.engine.submit(sources, options, lambda ids: self.translator.max_new_tokens([ids], options))
+        return self.engine.submit(sources, options, lambda ids: self.translator.max_new_tokens([ids], options),
+                                  self.translator.prefix(tgt_lang))
 
     def decode_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
-                   timeout: float | None = None) -> list[list[Hypothesis]]:
+                   timeout: float | None = None, tgt_lang: str | None = None) -> list[list[Hypothesis]]:
         """Token ids in (each ending with eos), n-best hypotheses out, in input order, as Translator.decode_ids;
         after `timeout` seconds the request is cancelled and TimeoutError raised."""
-        future = self.submit_ids(sources, options)
+        future = self.submit_ids(sources, options, tgt_lang)
         try:
             return future.result(timeout)
         except FutureTimeout:
             future.cancel()
             raise TimeoutError(f"no answer within {timeout} s; the request was cancelled") from None
 
-    def translate(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
-        return self.translator.best_texts(self.decode_ids(self.encode(texts), options))
+    def translate(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
+                  tgt_lang: str | None = None) -> list[str]:
+        ids = self.encode(texts, src_lang, tgt_lang)
+        return self.translator.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 
-    def translate_nbest(self, texts: Sequence[str],
-                        options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
-        return self.translator.nbest_texts(self.decode_ids(self.encode(texts), options))
+    def translate_nbest(self, texts: Sequence[str], options: DecodeOptions | None = None,
+                        src_lang: str | None = None, tgt_lang: str | None = None) -> list[list[tuple[str, float]]]:
+        ids = self.encode(texts, src_lang, tgt_lang)
+        return self.translator.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 
-    async def decode_ids_async(self, sources: Sequence[Sequence[int]],
-                               options: DecodeOptions | None = None) -> list[list[Hypothesis]]:
+    async def decode_ids_async(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
+                               tgt_lang: str | None = None) -> list[list[Hypothesis]]:
         """Cancelling the awaiting task cancels the request: its rows leave the batch."""
-        return await asyncio.wrap_future(self.submit_ids(sources, options))
+        return await asyncio.wrap_future(self.submit_ids(sources, options, tgt_lang))
 
-    async def translate_async(self, texts: Sequence[str], options: DecodeOptions | None = None) -> list[str]:
-        return self.translator.best_texts(await self.decode_ids_async(self.encode(texts), options))
+    async def translate_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
+                              src_lang: str | None = None, tgt_lang: str | None = None) -> list[str]:
+        ids = self.encode(texts, src_lang, tgt_lang)
+        return self.translator.best_texts(await self.decode_ids_async(ids, options, tgt_lang))
 
-    async def translate_nbest_async(self, texts: Sequence[str],
-                                    options: DecodeOptions | None = None) -> list[list[tuple[str, float]]]:
-        return self.translator.nbest_texts(await self.decode_ids_async(self.encode(texts), options))
+    async def translate_nbest_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
+                                    src_lang: str | None = None,
+                                    tgt_lang: str | None = None) -> list[list[tuple[str, float]]]:
+        ids = self.encode(texts, src_lang, tgt_lang)
+        return self.translator.nbest_texts(await self.decode_ids_async(ids, options, tgt_lang))
 
     def start(self) -> BatchingTranslator:
         """Start the engine's worker (once: again does nothing)."""

@@ -72,11 +72,16 @@ class TranslateRequest(BaseModel):
     top_p: float = 1.0
     seed: Optional[int] = None
     suppress_eos: bool = Field(False, description="Never end at eos: max_new_tokens tokens each (benchmarks).")
+    beam_stop: str = Field("n_best", description="Beam search's stopping rule: n_best, or transformers (as its "
+                           "generate() stops: keeps beam finished hypotheses).")
+    src_lang: Optional[str] = Field(None, description="Source language code, for multilingual models (M2M100: en).")
+    tgt_lang: Optional[str] = Field(None, description="Target language code (M2M100: fr; Marian: fra for >>fra<<).")
 
     def options(self) -> DecodeOptions:
         return DecodeOptions(beam_size=self.beam, n_best=self.n_best, length_penalty=self.length_penalty,
                              max_new_tokens=self.max_new_tokens, sampling=self.sampling, temperature=self.temperature,
-                             top_k=self.top_k, top_p=self.top_p, seed=self.seed, suppress_eos=self.suppress_eos)
+                             top_k=self.top_k, top_p=self.top_p, seed=self.seed, suppress_eos=self.suppress_eos,
+                             beam_stop=self.beam_stop)
 
 
 class Hypothesis(BaseModel):
@@ -202,8 +207,11 @@ def build_app(config: ServeConfig) -> FastAPI:
             return error(413, f"{chars} {unit} in one request; at most {config.max_chars}")
         try:
             options = body.options()
-            sources = translator.encode(body.text) if body.text is not None else body.ids
-            future = translator.submit_ids(sources, options)
+            if body.text is not None:
+                sources = translator.encode(body.text, body.src_lang, body.tgt_lang)
+            else:
+                sources = body.ids
+            future = translator.submit_ids(sources, options, body.tgt_lang)
         except Overloaded as exc:
             return error(503, str(exc), **busy)
         except BadInput as exc:

@@ -28,9 +28,10 @@ class Scores:
 
 
 def checkpoint_translator(ckpt: Checkpoint, batch_size: int = 64) -> Translator:
-    if ckpt.tokenizer_path is None:
-        raise BadCheckpoint(f"{ckpt.path}: no tokenizer.model; text commands need a tokenizer")
-    return Translator(TorchSession(ckpt.model), Limits.of(ckpt.config), Tokenizer(ckpt.tokenizer_path), batch_size)
+    if ckpt.tokenizer is None:
+        raise BadCheckpoint(f"{ckpt.path}: no tokenizer; text commands need one")
+    return Translator(TorchSession(ckpt.model), Limits.of(ckpt.config), Tokenizer(ckpt.path, ckpt.tokenizer),
+                      batch_size)
 
 
 def score(hypotheses: list[str], references: list[str], task: str, split: str) -> Scores:

@@ -139,7 +139,7 @@ def run_training(cfg: TrainConfig, state_dir: Path, resume: bool, command: str |
     tok_path = state_dir / "tokenizer.model"
     if not (resume and tok_path.exists()):
         train_tokenizer([s for pair in pairs for s in pair], tok_path, cfg.vocab_size)
-    tokenizer = Tokenizer(tok_path)
+    tokenizer = Tokenizer.sentencepiece(tok_path)
     examples = [(tokenizer.encode_source(s), tokenizer.encode_target(t)) for s, t in pairs]
 
     vocab = tokenizer.vocab_size

@@ -1,9 +1,11 @@
-// twostep for C++: load an artifact directory (encoder.onnx + decoder.onnx + manifest.json + tokenizer.model)
-// and decode with ONNX Runtime, with the same results as the Python runtime (twostep/runtime/).
+// twostep for C++: load an artifact directory (encoder.onnx + decoder.onnx + manifest.json + its tokenizer
+// files) and decode with ONNX Runtime, with the same results as the Python runtime (twostep/runtime/).
 //
 //   auto model = twostep::Model::load("artifacts/demo", {/*threads*/ 2, "cpu"});
 //   twostep::DecodeOptions opts;  opts.beam_size = 4;
 //   std::vector<std::string> out = model.translate({"three hundred and forty-two"}, opts);
+//
+// A multilingual model takes its languages in the options: opts.src_lang = "en", opts.tgt_lang = "fr".
 //
 // Every failure is a twostep::Error whose message names what was wrong (file, graph, sentence).
 #pragma once
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -28,13 +31,45 @@ using Ids = std::vector<int64_t>;
 // Lowercase hex SHA-256 of a file (the digests in manifest["files"]).
 std::string sha256_file(const std::filesystem::path& path);
 
+// The language codes of a multilingual model (manifest tokenizer.languages): the ids each puts before the source
+// pieces, and a target language's ids forced on the decoder after its start id. Empty for other models.
+struct Languages {
+  struct Target {
+    Ids source;   // put before the source pieces (after the source language's)
+    Ids decoder;  // forced on the decoder, one a step, after its start id
+  };
+  std::map<std::string, Ids> source;
+  std::map<std::string, Target> target;
+  std::string default_source, default_target;  // empty: none
+
+  // The code to use: `code`, or the default when `code` is empty; empty when none is given and the model does not
+  // need one (source: it has no source languages; target: none has decoder ids). Errors name the codes there
+  // are and the example program's flag.
+  std::string source_code(const std::string& code) const;
+  std::string target_code(const std::string& code) const;
+};
+
+// How text becomes source ids and target ids become text (manifest "tokenizer"). Schema 2's single
+// tokenizer.model reads as one SentencePiece model on both sides with its own ids.
+struct TokenizerSpec {
+  std::string source_model, target_model;  // SentencePiece model files in dir (may be the same file)
+  std::string source_vocab, target_vocab;  // {piece: id} JSON files in dir; empty: the SentencePiece model's ids
+  Ids source_suffix;                       // appended to every source sentence (eos)
+  std::vector<std::string> special_pieces;  // found anywhere in source text, each one id of the source table
+  Ids drop_ids;                            // target ids left out of the text
+  int64_t unk_id = 1;                      // the source id of a piece missing from source_vocab
+};
+
 // What manifest.json says; read() checks the format, schema version and every file's sha256.
 struct Manifest {
   std::filesystem::path dir;
   int64_t src_vocab_size = 0, tgt_vocab_size = 0, max_positions = 0;
   int64_t pad_id = 0, unk_id = 1, bos_id = 2, eos_id = 3;
+  int64_t decoder_start_id = 2;               // each row's first decoder input (the manifest's, else bos_id)
+  Ids never_generate;                         // target ids decoding never picks
   std::string dtype;                          // the graphs' float I/O: "float32" or "float16"
-  std::string tokenizer;                      // file name in dir, empty when the model has none
+  std::optional<TokenizerSpec> tokenizer;     // none: token-id APIs only
+  Languages languages;
   std::map<std::string, std::string> files;   // name -> sha256
   struct Graph {
     std::string file;
@@ -68,11 +103,42 @@ struct DecodeOptions {
   int max_new_tokens = 0;  // 0: min(max_positions, 2 * longest source in the batch + 16)
   bool suppress_eos = false;  // never pick eos (fixed-length decoding, for benchmarks)
   int batch_size = 32;        // sentences are sorted by length and decoded this many at a time
+  // Beam search's stopping rule. "n_best": a sentence is done once it has n_best finished hypotheses and its
+  // best live one cannot beat the worst of them. "transformers": as transformers' generate() (early_stopping
+  // false): beam_size finished hypotheses kept, and only an eos among a step's beam_size best candidates
+  // finishes one; what a model's transformers reference decodes.
+  std::string beam_stop = "n_best";
+  // A multilingual model's languages (Languages); empty: the model's default, if it has one. translate()
+  // uses both, decode_ids() and translate_ids() tgt_lang only (for the decoder's forced tokens).
+  std::string src_lang, tgt_lang;
 };
 
 struct Hypothesis {
-  Ids tokens;    // without bos and eos
-  double score;  // beam search: sum of log-probs / length ** length_penalty; greedy: 0
+  Ids tokens;    // without the start id, the forced target-language ids and eos
+  double score;  // beam search: sum of log-probs / length ** length_penalty (forced tokens count); greedy: 0
+};
+
+// The artifact's tokenizer: text to source ids, target ids to text (as twostep/runtime/tokenizer.py does).
+class Tokenizer {
+ public:
+  // Opens the files of manifest.tokenizer; Error when the model has none.
+  static Tokenizer load(const Manifest& manifest);
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // Language ids + pieces + source_suffix; src_lang/tgt_lang empty: the defaults (see Languages).
+  Ids encode(const std::string& text, const std::string& src_lang = "", const std::string& tgt_lang = "") const;
+  std::vector<Ids> encode(const std::vector<std::string>& texts, const std::string& src_lang = "",
+                          const std::string& tgt_lang = "") const;  // errors name the sentence
+  // The source ids of `text` alone: special pieces as themselves, the rest through SentencePiece.
+  Ids pieces(const std::string& text) const;
+  std::string decode(const Ids& ids) const;  // drop_ids left out
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // One artifact, loaded: its two ONNX Runtime sessions and tokenizer. A Model decodes one call at a time; use
@@ -86,21 +152,26 @@ class Model {
 
   const Manifest& manifest() const;
 
-  // One batch as given (no sorting, no input checks beyond the model's limits).
-  std::vector<Ids> greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos = false);
+  // One batch as given (no sorting, no input checks beyond the model's limits). forced[i]: the ids forced on
+  // sentence i's decoder after its start id (empty, or fewer rows than sources: none).
+  std::vector<Ids> greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos = false,
+                          const std::vector<Ids>& forced = {});
   std::vector<std::vector<Hypothesis>> beam_search(const std::vector<Ids>& sources, int beam_size,
                                                    double length_penalty, int n_best, int max_new_tokens,
-                                                   bool suppress_eos = false);
+                                                   bool suppress_eos = false, const std::vector<Ids>& forced = {},
+                                                   const std::string& beam_stop = "n_best");
 
-  // Token ids in (each ending with eos), best hypotheses out, in input order: sorted into batches like the
-  // Python Translator, ids checked against the vocabulary and max_positions.
+  // Token ids in (as encode() gives them: language ids, pieces, suffix), best hypotheses out, in input order:
+  // sorted into batches like the Python Translator, ids checked against the vocabulary and max_positions.
+  // options.tgt_lang picks the ids forced on the decoder.
   std::vector<std::vector<Hypothesis>> decode_ids(const std::vector<Ids>& sources, const DecodeOptions& options = {});
   std::vector<Ids> translate_ids(const std::vector<Ids>& sources, const DecodeOptions& options = {});
 
-  // Text in, text out, with the artifact's tokenizer.model.
-  Ids encode(const std::string& text) const;  // pieces + eos
-  std::vector<Ids> encode(const std::vector<std::string>& texts) const;  // errors name the sentence
-  std::string decode(const Ids& ids) const;   // special ids dropped
+  // Text in, text out, with the artifact's tokenizer (Tokenizer).
+  Ids encode(const std::string& text, const std::string& src_lang = "", const std::string& tgt_lang = "") const;
+  std::vector<Ids> encode(const std::vector<std::string>& texts, const std::string& src_lang = "",
+                          const std::string& tgt_lang = "") const;  // errors name the sentence
+  std::string decode(const Ids& ids) const;  // drop_ids left out
   std::vector<std::string> translate(const std::vector<std::string>& texts, const DecodeOptions& options = {});
 
  private:

@@ -70,13 +70,16 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarr
 class Entry:
     """A sentence joining a running batch: its source ids, options, max_new_tokens (`limit`) and an `owner`
     that step() hands back with its hypotheses. `group` overrides the strategy options imply (beam search
-    with one beam)."""
+    with one beam). `prefix`: tokens forced after the decoder's start token, one a step (a target-language
+    token); they count as generated tokens (against the limit, in beam search's length), as transformers
+    counts them, and hypotheses leave them out."""
 
     source: Sequence[int]
     options: DecodeOptions
     limit: int
     owner: object
     group: type[Group] | None = None
+    prefix: Sequence[int] = ()
 
 
 class RunningBatch:
@@ -86,16 +89,18 @@ class RunningBatch:
     that are done; their rows are released then, and rows whose `cancelled(owner)` is true too, unanswered.
     Rows left free are filled by the next sentences that join; once more than `compact_at` of the batch's rows
     are free, the rest are moved together (the only time rows that stay are copied). `specials`: the model's
-    token ids (a forced prefix is refused: see Specials)."""
+    token ids. A row with forced tokens left (`forced`, -1 padded, from column `forced_at`) has its logits
+    replaced by a one-hot log-probability at the step: every strategy then picks the token, with score 0 (as
+    transformers' ForcedBOSTokenLogitsProcessor does)."""
 
     def __init__(self, session: StepSession, *, specials: Specials,
                  cancelled: Callable[[object], bool] | None = None, compact_at: float = 0.25):
-        if specials.prefix:
-            raise ValueError(f"forced prefix tokens {specials.prefix} are not decoded yet: no model has them")
         self.session, self.specials = session, specials
         self.cancelled, self.compact_at = cancelled, compact_at
         self.groups: dict[tuple, Group] = {}
         self.tokens = np.zeros(0, np.int64)  # each row's next token
+        self.forced = np.full((0, 0), -1, np.int64)  # each row's forced tokens
+        self.forced_at = np.zeros(0, np.int64)  # each row's next forced column
         self.free: list[int] = []
         self.rows = 0
 
@@ -134,6 +139,7 @@ class RunningBatch:
         self.rows = max(self.rows, int(rows.max()) + 1)
         self.tokens = np.concatenate([self.tokens, np.zeros(self.rows - len(self.tokens), np.int64)])
         self.tokens[rows] = self.specials.bos_id
+        self.force(entries, counts, rows)
         first = np.concatenate([[0], np.cumsum(counts)])
         joining: dict[tuple, list[int]] = {}
         for i, key in enumerate(keys):
@@ -143,12 +149,40 @@ class RunningBatch:
                 self.groups[cls, options] = cls(options, self.specials)
             self.groups[cls, options].join(
                 [list(entries[i].source) for i in mine], [entries[i].limit for i in mine],
-                [entries[i].owner for i in mine], np.concatenate([rows[first[i] : first[i + 1]] for i in mine]))
+                [entries[i].owner for i in mine], np.concatenate([rows[first[i] : first[i + 1]] for i in mine]),
+                [len(entries[i].prefix) for i in mine])
         return done
 
+    def force(self, entries: Sequence[Entry], counts: np.ndarray, rows: np.ndarray) -> None:
+        """The joining rows' forced tokens (each sentence's prefix on each of its rows)."""
+        width = max([self.forced.shape[1]] + [len(e.prefix) for e in entries])
+        forced = np.full((self.rows, width), -1, np.int64)
+        forced[: len(self.forced), : self.forced.shape[1]] = self.forced
+        forced_at = np.concatenate([self.forced_at, np.zeros(self.rows - len(self.forced_at), np.int64)])
+        forced[rows] = -1
+        forced_at[rows] = 0
+        for row, entry in zip(rows, np.repeat(np.arange(len(entries)), counts)):
+            prefix = entries[entry].prefix
+            forced[row, : len(prefix)] = prefix
+        self.forced, self.forced_at = forced, forced_at
+
+    def forcing(self, logits: np.ndarray) -> None:
+        """Rows with a forced token at this step: their logits become its one-hot log-probability."""
+        if not self.forced.shape[1]:
+            return
+        at = np.minimum(self.forced_at, self.forced.shape[1] - 1)
+        token = np.where(self.forced_at < self.forced.shape[1], self.forced[np.arange(self.rows), at], -1)
+        rows = np.flatnonzero(token >= 0)
+        if len(rows):
+            logits[rows] = -np.inf
+            logits[rows, token[rows]] = 0.0
+        self.forced_at += 1
+        if (self.forced_at >= self.forced.shape[1]).all():  # every row is past its forced tokens
+            self.forced = np.full((self.rows, 0), -1, np.int64)
     def step(self) -> list[tuple[object, list[Hypothesis]]]:
         """One decoder step for every row; the sentences done at it, with their hypotheses."""
         logits = self.session.step(self.tokens[:, None])
+        self.forcing(logits)
         finished, freed = [], []
         origin = None
         for key, g in list(self.groups.items()):
@@ -174,6 +208,7 @@ class RunningBatch:
                 del self.groups[key]
         if origin is not None:
             self.session.reorder(origin, cache_only=True)  # beams trade places within their sentence
+            self.forced, self.forced_at = self.forced[origin], self.forced_at[origin]
         if freed:
             rows = np.concatenate(freed)
             self.session.release(rows)
@@ -185,6 +220,7 @@ class RunningBatch:
         """Once more than compact_at of the rows are free, move the others together (group by group)."""
         if not self.groups:
             self.rows, self.free, self.tokens = 0, [], np.zeros(0, np.int64)  # the next add starts afresh
+            self.forced, self.forced_at = np.full((0, 0), -1, np.int64), np.zeros(0, np.int64)
             return
         if len(self.free) <= self.compact_at * self.rows:
             return
@@ -195,21 +231,25 @@ class RunningBatch:
             g.at = np.arange(offset, offset + len(g.at))
             offset += len(g.at)
         self.tokens, self.rows, self.free = self.tokens[origin], len(origin), []
+        self.forced, self.forced_at = self.forced[origin], self.forced_at[origin]
 
 
 def decode(session: StepSession, sources: Sequence[Sequence[int]], options: DecodeOptions, *, specials: Specials,
-           max_new_tokens: int, limits: Sequence[int] | None = None,
-           group: type[Group] | None = None) -> list[list[Hypothesis]]:
+           max_new_tokens: int, limits: Sequence[int] | None = None, group: type[Group] | None = None,
+           prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
     """Every sentence decoded together, start to end: n-best hypotheses each (greedy and sampling give one
-    with score 0). `limits`: each sentence's max_new_tokens (default: all max_new_tokens). One decode at a
-    time per session (SessionBusy otherwise)."""
+    with score 0). `limits`: each sentence's max_new_tokens (default: all max_new_tokens); `prefixes`: each
+    sentence's forced tokens after the start token (Entry.prefix). One decode at a time per session
+    (SessionBusy otherwise)."""
     if not sources:
         raise BadInput("empty input: every sentence needs at least one token")
     limits = [max_new_tokens] * len(sources) if limits is None else list(limits)
     results: list[list[Hypothesis]] = [[] for _ in sources]
     with session.claimed():
         batch = RunningBatch(session, specials=specials)
-        finished = batch.add([Entry(s, options, limit, i, group) for i, (s, limit) in enumerate(zip(sources, limits))])
+        prefixes = [()] * len(sources) if prefixes is None else prefixes
+        finished = batch.add([Entry(s, options, limit, i, group, prefix)
+                              for i, (s, limit, prefix) in enumerate(zip(sources, limits, prefixes))])
         while True:
             for i, hyps in finished:
                 results[i] = hyps

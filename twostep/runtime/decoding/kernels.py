@@ -68,22 +68,23 @@ def row_candidates(logits: np.ndarray, n: int, rows: np.ndarray) -> tuple[np.nda
     return rows[np.concatenate(out_r)], np.concatenate(out_c)
 
 
-def beam_candidates(logits: np.ndarray, scores: np.ndarray, n: int, skip_token: int | None = None,
+def beam_candidates(logits: np.ndarray, scores: np.ndarray, n: int, skip: list[int] | None = None,
                     scratch: np.ndarray | None = None,
                     helper: Executor | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each sentence's n best continuations. logits (S*K, V), K rows per sentence; scores (S, K), the beams'
     log-probabilities (-inf: not alive). Returns totals (S, n) float64 and flat indices beam * V + token,
     best first, ties to the lower index, padded with -inf and -1 where a sentence has fewer than n finite
     candidates: the prefix of a stable `argsort(-(scores + log_softmax(logits)))` over each sentence's K*V
-    candidates that stops at the first -inf. `skip_token` (a suppressed eos) counts in the softmax but is
-    never a candidate: it is set to -inf in `logits`, which are the caller's, in place. log-softmax is
+    candidates that stops at the first -inf. `skip` (a suppressed eos, ids a model never generates) count in the
+    softmax but are never candidates, as transformers' logits processors do it: they are set to -inf in `logits`,
+    which are the caller's, in place. log-softmax is
     monotone in each row, so a sentence's n best lie among its rows' n best logits: only those get a total.
     `scratch` and `helper`: as row_log_normalisers takes them."""
     sentences, k = scores.shape
     vocab = logits.shape[1]
     top, lse = row_log_normalisers(logits, scratch, helper)
-    if skip_token is not None:
-        logits[:, skip_token] = -np.inf
+    if skip:
+        logits[:, skip] = -np.inf
     flat_scores = scores.reshape(-1)
     r, c = row_candidates(logits, n, np.flatnonzero(flat_scores > -np.inf))
     total = flat_scores[r] + ((logits[r, c].astype(np.float64) - top[r]) - lse[r])

@@ -15,24 +15,31 @@ if TYPE_CHECKING:
     from twostep.artifact.config import ModelConfig
 
 
+BEAM_STOPS = ("n_best", "transformers")
+
+
 @dataclass(frozen=True)
 class Specials:
-    """The special token ids of a model's vocabularies.
+    """The special token ids of a model's vocabularies, and how its decoder starts.
 
-    `prefix`: the tokens a multilingual model needs forced after bos (a target-language token, say). It is
-    carried so that the model layer can fill it in where it knows a model needs one, but no model has one
-    today: `Specials.of` leaves it empty, and the decoding loop refuses a non-empty one (RunningBatch)
-    rather than decode without it."""
+    `bos_id` is the decoder's start token (the config's decoder_start_id where it has one: Marian starts from
+    pad, M2M100 from eos). `never`: ids decoding never picks (Marian's pad). A sentence's forced tokens after
+    the start (a target-language token) are its own: `Entry.prefix`."""
 
     pad_id: int
     bos_id: int
     eos_id: int
     unk_id: int
-    prefix: tuple[int, ...] = ()
+    never: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, config: ModelConfig) -> Specials:
-        return cls(pad_id=config.pad_id, bos_id=config.bos_id, eos_id=config.eos_id, unk_id=config.unk_id)
+        return cls(pad_id=config.pad_id, bos_id=config.start_id, eos_id=config.eos_id, unk_id=config.unk_id,
+                   never=tuple(config.never_generate))
+
+    def blocked(self, suppress_eos: bool) -> list[int]:
+        """The ids a step never picks."""
+        return [*self.never, self.eos_id] if suppress_eos else list(self.never)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,11 @@ class DecodeOptions:
     seed: int | None = None
     max_new_tokens: int | None = None  # None: 2 * source length + 16; always capped by max_positions
     suppress_eos: bool = False
+    # Beam search's stopping rule. "n_best": a sentence is done once it has n_best finished hypotheses and its
+    # best live one cannot beat the worst of them. "transformers": as transformers' generate() (early_stopping
+    # False): it keeps beam_size finished hypotheses, and only a candidate among a step's beam_size best may
+    # finish; slower, and what a model's transformers reference decodes.
+    beam_stop: str = "n_best"
 
     def __post_init__(self) -> None:
         problems = []
@@ -75,6 +87,8 @@ class DecodeOptions:
             problems.append(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
         if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             problems.append(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.beam_stop not in BEAM_STOPS:
+            problems.append(f"beam_stop must be one of {', '.join(BEAM_STOPS)}, got {self.beam_stop!r}")
         if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
             problems.append(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if problems:

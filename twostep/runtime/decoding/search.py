@@ -15,34 +15,44 @@ from twostep.runtime.decoding.options import DecodeOptions, Hypothesis, Specials
 
 class Group:
     """The sentences of a running batch decoded with one DecodeOptions, `k` rows each: sentence j owns the
-    batch rows at[j * k : (j + 1) * k]. Per sentence: `steps` tokens generated so far, at most `limits`."""
+    batch rows at[j * k : (j + 1) * k]. Per sentence: `steps` tokens generated so far, at most `limits`, the
+    first `forced` of them forced by the batch (a target-language token: RunningBatch), which hypotheses leave
+    out."""
 
     k = 1
 
     def __init__(self, options: DecodeOptions, specials: Specials):
         self.options, self.specials = options, specials
         self.eos_id, self.pad_id = specials.eos_id, specials.pad_id  # read at every step
+        self.blocked = specials.blocked(options.suppress_eos)  # ids a step never picks
         self.owners: list = []
         self.at = np.zeros(0, np.int64)
         self.steps = np.zeros(0, np.int64)
         self.limits = np.zeros(0, np.int64)
+        self.forced = np.zeros(0, np.int64)
 
     def __len__(self) -> int:
         return len(self.owners)
 
-    def join(self, sources: list[list[int]], limits: list[int], owners: list, rows: np.ndarray) -> None:
+    def join(self, sources: list[list[int]], limits: list[int], owners: list, rows: np.ndarray,
+             forced: list[int] | None = None) -> None:
         self.owners += owners
         self.at = np.concatenate([self.at, rows])
         self.steps = np.concatenate([self.steps, np.zeros(len(owners), np.int64)])
         self.limits = np.concatenate([self.limits, np.asarray(limits, np.int64)])
+        self.forced = np.concatenate([self.forced, np.asarray(forced or [0] * len(owners), np.int64)])
         self.joined(sources)
+
+    def without_forced(self, j: int, hypotheses: list[Hypothesis]) -> list[Hypothesis]:
+        n = int(self.forced[j])
+        return [Hypothesis(h.tokens[n:], h.score) for h in hypotheses] if n else hypotheses
 
     def leave(self, stay: np.ndarray) -> np.ndarray:
         """Keep the sentences `stay` (a mask); returns the rows of those that left."""
         blocks = self.at.reshape(-1, self.k)
         freed, self.at = blocks[~stay].reshape(-1), blocks[stay].reshape(-1)
         self.owners = [o for o, keep in zip(self.owners, stay) if keep]
-        self.steps, self.limits = self.steps[stay], self.limits[stay]
+        self.steps, self.limits, self.forced = self.steps[stay], self.limits[stay], self.forced[stay]
         self.kept(stay)
         return freed
 
@@ -83,14 +93,14 @@ class Greedy(Group):
 
     def advance(self, logits: np.ndarray) -> tuple[dict[int, list[Hypothesis]], np.ndarray, None]:
         logits = rows_of(logits, self.at)
-        if self.options.suppress_eos:
-            logits[:, self.eos_id] = -np.inf
+        if self.blocked:
+            logits[:, self.blocked] = -np.inf
         next_ids = self.pick(logits)
         self.out[np.arange(len(self)), self.steps] = next_ids
         self.steps += 1
         is_eos = next_ids == self.eos_id
         length = self.steps - is_eos
-        done = {int(j): [Hypothesis(self.out[j, : length[j]].tolist(), 0.0)]
+        done = {int(j): [Hypothesis(self.out[j, self.forced[j] : length[j]].tolist(), 0.0)]
                 for j in np.flatnonzero(is_eos | (self.steps >= self.limits))}
         return done, next_ids, None
 
@@ -137,12 +147,18 @@ class Beam(Group):
     its current length, cannot beat the worst of them; at its limit its live beams count as finished. A
     step's selection is vectorised over the group (`beam_candidates`); only hypotheses that end in eos are
     handled one by one. Once the group's logits reach PARALLEL_ELEMENTS, it starts a helper thread of its own
-    for their normalisers (`helper`), which close() ends."""
+    for their normalisers (`helper`), which close() ends.
+
+    With `beam_stop="transformers"` it keeps beam_size finished hypotheses instead of n_best (and returns the
+    n_best best), and a candidate that ends in eos finishes only if it is among the step's beam_size best: the
+    rule of transformers' generate() (early_stopping=False), which can run longer and find a different best."""
 
     def __init__(self, *args):
         super().__init__(*args)
         o = self.options
         self.k, self.n_best, self.length_penalty = o.beam_size, o.n_best, o.length_penalty
+        self.hf_rule = o.beam_stop == "transformers"
+        self.pool = self.k if self.hf_rule else self.n_best  # finished hypotheses kept per sentence
         self.scores = np.zeros((0, self.k))  # each beam's log-probability; -inf: not alive
         self.history = np.zeros((0, 0), np.int64)  # each row's tokens, steps[j] of them
         self.finished: list[list[Hypothesis]] = []
@@ -184,9 +200,12 @@ class Beam(Group):
 
     def keep_best(self, j: int) -> None:
         self.finished[j].sort(key=lambda h: -h.score)
-        del self.finished[j][self.n_best :]
-        if len(self.finished[j]) == self.n_best:
+        del self.finished[j][self.pool :]
+        if len(self.finished[j]) == self.pool:
             self.worst[j] = self.finished[j][-1].score
+
+    def best(self, j: int) -> list[Hypothesis]:
+        return self.without_forced(j, self.finished[j][: self.n_best])
 
     def advance(self, logits: np.ndarray) -> tuple[dict[int, list[Hypothesis]], np.ndarray, np.ndarray]:
         logits = rows_of(logits, self.at)  # (n*K, V)
@@ -195,8 +214,8 @@ class Beam(Group):
             self.scratch = np.empty(logits.shape, dtype=np.float64)
             if self.helper is None and logits.size >= PARALLEL_ELEMENTS:
                 self.helper = ThreadPoolExecutor(1, thread_name_prefix="twostep-beam")
-        total, flat = beam_candidates(logits, self.scores, 2 * k, self.eos_id if self.options.suppress_eos else None,
-                                      self.scratch[: logits.shape[0]], self.helper)
+        total, flat = beam_candidates(logits, self.scores, 2 * k, self.blocked, self.scratch[: logits.shape[0]],
+                                      self.helper)
         beam, token = np.divmod(flat, vocab)
         # Walk each sentence's candidates best first: an eos finishes a hypothesis, any other token continues
         # one, until k continue; the walk stops at the first -inf.
@@ -213,6 +232,8 @@ class Beam(Group):
         next_scores[j, slot], next_tokens[j, slot], origins[j, slot] = total[j, c], token[j, c], beam[j, c]
         length = self.steps + 1
         ending = is_eos & walked
+        if self.hf_rule:
+            ending[:, k:] = False
         for j, c in zip(*np.nonzero(ending)):
             tokens = self.history[j * k + beam[j, c], : self.steps[j]].tolist()
             self.finished[j].append(Hypothesis(tokens, self.norm(float(total[j, c]), int(length[j]))))
@@ -224,14 +245,14 @@ class Beam(Group):
         self.history = self.history[rows]
         self.history[np.arange(n * k), np.repeat(self.steps, k)] = next_tokens.reshape(-1)
         self.scores, self.steps = next_scores, length
-        done = {int(j): self.finished[j] for j in np.flatnonzero(ends)}
+        done = {int(j): self.best(j) for j in np.flatnonzero(ends)}
         for j in np.flatnonzero(~ends & (self.steps >= self.limits)):  # live beams count as finished
             for b in range(k):
                 if self.scores[j, b] > -np.inf:
                     tokens = self.history[j * k + b, : self.steps[j]].tolist()
                     self.finished[j].append(Hypothesis(tokens, self.norm(self.scores[j, b], int(self.steps[j]))))
             self.keep_best(j)
-            done[int(j)] = self.finished[j]
+            done[int(j)] = self.best(j)
         return done, next_tokens.reshape(-1), rows
 
 

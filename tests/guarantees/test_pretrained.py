@@ -1,0 +1,76 @@
+"""Pretrained families (twostep/model/hf.py): a Marian model with a shared vocabulary (translating with a >>fra<<
+token), one with separate vocabularies, and an M2M100 model (en -> fr), each built by transformers itself,
+imported, exported, and decoded by twostep: exactly transformers' generate() tokens and text, greedy and beam 4
+(with transformers' stopping rule), on both of ort-cpu's decoders and through the CLI. The server's and the C++
+library's parity are in tests/serving and tests/cpp, on the same models."""
+
+from __future__ import annotations
+
+import pytest
+
+import hf_models
+from cli_helpers import twostep
+from conftest import NEW_TOKENS
+from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.translator import open_translator
+
+SENTENCES = hf_models.TEST_SENTENCES
+
+
+def translate(pretrained, options: DecodeOptions, **backend_options) -> tuple[list[list[int]], list[str], str]:
+    """(tokens, texts, the decoder it decoded with) of twostep on the artifact's ort-cpu backend."""
+    translator, backend = open_translator(pretrained.art, options=options, **backend_options)
+    with backend:
+        langs = pretrained.langs
+        hyps = translator.decode_ids(translator.encode(SENTENCES, **langs), tgt_lang=langs.get("tgt_lang"))
+        return [h[0].tokens for h in hyps], translator.best_texts(hyps), backend.decoder
+
+
+def test_greedy_decodes_transformers_tokens_and_text_on_both_decoders(pretrained):
+    want_tokens, want_texts = pretrained.greedy
+    assert any(len(t) < NEW_TOKENS for t in want_tokens), "the test model should end some sentences at eos"
+    assert len({tuple(t) for t in want_tokens}) > len(SENTENCES) // 2, "the test model's outputs should vary"
+    options = DecodeOptions(max_new_tokens=NEW_TOKENS)
+    tokens, texts, decoder = translate(pretrained, options)
+    assert decoder == "decoder_inplace"  # a default export: ort-cpu decodes with the in-place decoder
+    assert tokens == want_tokens
+    assert texts == want_texts
+    tokens, texts, decoder = translate(pretrained, options, kv_cache="concat")
+    assert decoder == "decoder"
+    assert (tokens, texts) == (want_tokens, want_texts)
+
+
+def test_beam_search_with_transformers_stopping_rule_decodes_its_tokens_and_text(pretrained):
+    """transformers keeps beam_size finished hypotheses before it stops; twostep's default (n_best) stops once
+    the best finished one cannot be beaten at the current length, so it may stop earlier with another best:
+    beam_stop="transformers" reproduces transformers' rule (docs/models.md)."""
+    options = DecodeOptions(beam_size=4, max_new_tokens=NEW_TOKENS, beam_stop="transformers")
+    tokens, texts, _ = translate(pretrained, options)
+    assert (tokens, texts) == pretrained.beam
+
+
+def test_the_cli_translates_text_with_languages_as_transformers_does(pretrained):
+    langs = [arg for key, flag in (("src_lang", "--src-lang"), ("tgt_lang", "--tgt-lang"))
+             if key in pretrained.langs for arg in (flag, pretrained.langs[key])]
+    result = twostep("translate", pretrained.art, *SENTENCES, "--max-new-tokens", NEW_TOKENS, *langs)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == pretrained.greedy[1]
+
+
+def test_sentences_to_different_languages_share_a_batch(pretrained):
+    """M2M100's target language is a token forced after the decoder's start, one per row: a batch of sentences
+    to French and German decodes each as transformers does alone."""
+    if pretrained.name != "m2m100":
+        pytest.skip("the forced target-language token is M2M100's")
+    german = hf_models.reference(pretrained.hf, SENTENCES, NEW_TOKENS, src_lang="en", tgt_lang="de")
+    translator, backend = open_translator(pretrained.art, options=DecodeOptions(max_new_tokens=NEW_TOKENS))
+    with backend:
+        french_ids = translator.encode(SENTENCES, "en", "fr")
+        german_ids = translator.encode(SENTENCES, "en", "de")
+        sources = [ids for pair in zip(french_ids, german_ids) for ids in pair]
+        prefixes = [translator.prefix(lang) for _ in SENTENCES for lang in ("fr", "de")]
+        assert prefixes[0] != prefixes[1]
+        hyps = translator.decode_ids(sources, prefixes=prefixes)
+    tokens = [h[0].tokens for h in hyps]
+    assert tokens[0::2] == pretrained.greedy[0]
+    assert tokens[1::2] == german[0]

@@ -1,0 +1,179 @@
+"""Tiny pretrained-family models built by transformers itself, for the parity tests: a Marian model with a
+shared vocabulary (and language tokens), one with separate vocabularies, and an M2M100 model, each with its
+tokenizer files, saved with `save_pretrained` into a directory. Random weights with a non-zero
+final_logits_bias, trained for STEPS steps on a few sentence pairs so that their outputs vary and end at eos
+(random weights alone repeat one token); nothing is downloaded. `reference` gives transformers' generate()
+tokens and text."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import sentencepiece as spm
+
+SOURCE_TEXT = ["the cat sat on the mat", "a dog ran in the park today", "hello world", "three hundred and forty two",
+               "the quick brown fox jumps over the lazy dog", "we sat in the garden all day", "good morning"]
+TARGET_TEXT = ["le chat est sur le tapis", "un chien court dans le parc", "bonjour le monde", "trois cent quarante",
+               "le renard brun saute par dessus le chien", "nous sommes dans le jardin", "bon matin"]
+TEST_SENTENCES = ["the cat sat in the park", "hello dog", "a quick fox", "we ran all day over the mat",
+                  "good world today", "three brown cats", "the lazy garden", "zebra xylophone!"]
+
+
+STD = 0.3
+STEPS = 120
+
+
+def train(model, tokenizer, steps: int = STEPS, **target_kwargs) -> None:
+    """A few hundred Adam steps at most: source text -> target text, as transformers computes the loss."""
+    import torch
+
+    batch = tokenizer(SOURCE_TEXT, text_target=TARGET_TEXT, padding=True, return_tensors="pt", **target_kwargs)
+    batch["labels"][batch["labels"] == tokenizer.pad_token_id] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(**batch).loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def train_spm(path: Path, sentences: list[str], vocab_size: int, **options) -> Path:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences * 10), model_writer=model, vocab_size=vocab_size,
+                                   minloglevel=2, hard_vocab_limit=False, num_threads=1, **options)
+    path.write_bytes(model.getvalue())
+    return path
+
+
+def pieces_of(path: Path) -> list[str]:
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+def randomize(model, seed: int, std: float | None = None) -> None:
+    """Weights large enough that outputs vary with the input, and a non-zero final_logits_bias where the family
+    has one."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, std or STD)
+            elif "norm" not in name:
+                p.normal_(0, 0.1)
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_(0, 0.5)
+
+
+def marian_dir(out: Path, separate: bool = False, seed: int = 0, train_steps: int | None = None) -> Path:
+    """A Marian model: shared vocabulary with >>fra<</>>deu<< language tokens, or separate vocabularies."""
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "src"
+    work.mkdir(exist_ok=True)
+    source = train_spm(work / "source.spm", SOURCE_TEXT, 60)
+    target = train_spm(work / "target.spm", TARGET_TEXT if separate else SOURCE_TEXT, 50 if separate else 60)
+
+    def table(spm_file: Path, codes: list[str]) -> dict[str, int]:
+        """OPUS-MT's layout: eos, unk, language tokens, the pieces, pad last; with separate vocabularies pad is
+        third in both (transformers' config has one pad id for both embeddings)."""
+        vocab = {"</s>": 0, "<unk>": 1, **({"<pad>": 2} if separate else {})}
+        vocab.update({f">>{c}<<": len(vocab) + i for i, c in enumerate(codes)})
+        for piece in pieces_of(spm_file):
+            if piece not in vocab and piece not in ("<s>", "</s>", "<unk>"):
+                vocab[piece] = len(vocab)
+        vocab.setdefault("<pad>", len(vocab))
+        return vocab
+
+    vocab = table(source, [] if separate else ["fra", "deu"])
+    (work / "vocab.json").write_text(json.dumps(vocab))
+    kwargs = {}
+    target_vocab = vocab
+    if separate:
+        target_vocab = table(target, [])
+        (work / "target_vocab.json").write_text(json.dumps(target_vocab))
+        kwargs = dict(target_vocab_file=str(work / "target_vocab.json"), separate_vocabs=True)
+    tokenizer = MarianTokenizer(str(source), str(target), str(work / "vocab.json"), **kwargs)
+    pad = vocab["<pad>"]
+    config = MarianConfig(
+        vocab_size=len(vocab), decoder_vocab_size=len(target_vocab), d_model=32, encoder_layers=2,
+        decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=64, activation_function="swish", scale_embedding=True,
+        pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
+        forced_eos_token_id=None, share_encoder_decoder_embeddings=not separate, dropout=0.0,
+    )
+    model = MarianMTModel(config).eval()
+    randomize(model, seed, std=0.1)
+    train(model, tokenizer, STEPS if train_steps is None else train_steps)
+    model.generation_config = GenerationConfig(
+        bad_words_ids=[[config.decoder_start_token_id]], decoder_start_token_id=config.decoder_start_token_id,
+        eos_token_id=0, pad_token_id=config.decoder_start_token_id, forced_eos_token_id=None, max_length=64)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def m2m100_dir(out: Path, seed: int = 0) -> Path:
+    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "src"
+    work.mkdir(exist_ok=True)
+    model_file = train_spm(work / "sentencepiece.bpe.model", SOURCE_TEXT + TARGET_TEXT, 80, model_type="bpe")
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for piece in pieces_of(model_file):
+        if piece not in vocab:
+            vocab[piece] = len(vocab)
+    (work / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = M2M100Tokenizer(str(work / "vocab.json"), str(model_file), src_lang="en", tgt_lang="fr")
+    config = M2M100Config(
+        vocab_size=len(vocab) + 100 + 8,  # + 100 language tokens and 8 "madeup words"
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        activation_function="relu", scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2, forced_eos_token_id=None, dropout=0.0,
+    )
+    model = M2M100ForConditionalGeneration(config).eval()
+    randomize(model, seed, std=0.1)
+    train(model, tokenizer)
+    model.generation_config = GenerationConfig(decoder_start_token_id=2, eos_token_id=2, pad_token_id=1,
+                                               bos_token_id=0, forced_eos_token_id=None, max_length=64)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int = 1, src_lang: str | None = None,
+              tgt_lang: str | None = None) -> tuple[list[list[int]], list[str]]:
+    """transformers' generate() (greedy, or beam search with `beams`) one sentence at a time: the generated ids
+    (without the start token, a forced language token and eos) and the decoded text."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    kwargs = {}
+    if src_lang:
+        tokenizer.src_lang = src_lang
+    if tgt_lang and hasattr(tokenizer, "get_lang_id"):
+        kwargs["forced_bos_token_id"] = tokenizer.get_lang_id(tgt_lang)
+    tokens, texts_out = [], []
+    for text in texts:
+        if tgt_lang and not hasattr(tokenizer, "get_lang_id"):
+            text = f">>{tgt_lang}<< {text}"
+        batch = tokenizer([text], return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**batch, max_new_tokens=max_new_tokens, num_beams=beams, do_sample=False,
+                                 **kwargs)[0].tolist()
+        # transformers 5's M2M100Tokenizer keeps language tokens in decoded text even with skip_special_tokens
+        # (4.x dropped them, as twostep does): the text is that of the tokens after the forced language token.
+        out = out[1 + bool(kwargs):]  # the start token, the forced language token
+        texts_out.append(tokenizer.decode(out, skip_special_tokens=True))
+        if model.generation_config.eos_token_id in out:
+            out = out[: out.index(model.generation_config.eos_token_id)]
+        tokens.append(out)
+    return tokens, texts_out

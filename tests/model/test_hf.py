@@ -1,0 +1,115 @@
+"""Importing transformers model directories (twostep/model/hf.py): the tokenization each family does, as
+transformers' own tokenizer does it, and one clear line for what cannot be imported, with nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import hf_models
+from cli_helpers import assert_user_error, leftovers, twostep
+from twostep.runtime.tokenizer import Tokenizer
+
+TRICKY = ["the cat sat on the mat", "  leading and trailing spaces  ", "zebra xylophone qqq", "unicode: café ñ 猫",
+          "</s> in the middle", "the <unk> token", "a  double  space", "punctuation, dots... and !?", "x"]
+
+
+def test_source_ids_are_those_of_the_family_tokenizer(pretrained):
+    """Source text to ids, language tokens included, exactly as transformers' tokenizer gives them."""
+    from transformers import AutoTokenizer
+
+    ours = Tokenizer(pretrained.ckpt, load_spec(pretrained.ckpt))
+    theirs = AutoTokenizer.from_pretrained(pretrained.hf)
+    langs = pretrained.langs
+    texts = TRICKY + (["__de__ inside", ">>fra<< typed"] if pretrained.name != "marian-separate" else [])
+    for text in texts:
+        if pretrained.name == "m2m100":
+            theirs.src_lang = langs["src_lang"]
+            want = theirs(text).input_ids
+        elif "tgt_lang" in langs:
+            want = theirs(f">>{langs['tgt_lang']}<< {text}").input_ids
+        else:
+            want = theirs(text).input_ids
+        assert ours.encode_source(text, **langs) == want, text
+
+
+def test_target_ids_decode_to_the_family_tokenizer_text(pretrained):
+    """Generated ids back to text as transformers decodes them (special ids dropped); M2M100's language tokens,
+    which transformers 5 keeps in the text, are dropped like the other special ids (transformers 4 did too)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    ours = Tokenizer(pretrained.ckpt, load_spec(pretrained.ckpt))
+    theirs = AutoTokenizer.from_pretrained(pretrained.hf)
+    vocab = json.loads((pretrained.ckpt / "config.json").read_text())["model"]["tgt_vocab_size"]
+    languages = set(ours.spec.languages.source.values()) | {t.decoder for t in ours.spec.languages.target.values()}
+    language_ids = {i for ids in languages for i in ids}
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        ids = [int(i) for i in rng.integers(0, vocab, rng.integers(1, 12)) if int(i) not in language_ids]
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), ids
+
+
+def load_spec(ckpt):
+    from twostep.model.checkpoint import read_tokenizer
+
+    return read_tokenizer(ckpt)
+
+
+@pytest.fixture(scope="module")
+def marian_hf(tmp_path_factory):
+    pytest.importorskip("transformers")
+    return hf_models.marian_dir(tmp_path_factory.mktemp("marian-bad") / "hf", train_steps=0)
+
+
+def broken_copy(src, tmp_path, edit):
+    """A copy of a transformers directory with one thing broken by `edit(dir)`."""
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    edit(bad)
+    return bad
+
+
+def edit_config(**changes):
+    def edit(path):
+        config = json.loads((path / "config.json").read_text())
+        config.update(changes)
+        (path / "config.json").write_text(json.dumps(config))
+    return edit
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (edit_config(model_type="bert"), ["model_type 'bert' is not a family twostep imports", "marian, m2m_100"]),
+    (lambda p: (p / "source.spm").unlink(), ["missing source.spm"]),
+    (lambda p: (p / "vocab.json").write_text(json.dumps({"<unk>": 0, "</s>": 1, "a": 2})),
+     ["vocab.json has 3 entries", "rows"]),
+    (edit_config(encoder_attention_heads=2), ["attention heads differ"]),
+    (edit_config(activation_function="mish"), ["activation_function 'mish'"]),
+    (lambda p: (p / "model.safetensors").write_bytes(b"not safetensors"), ["cannot read safetensors"]),
+])
+def test_what_cannot_be_imported_is_one_line_and_nothing_is_written(marian_hf, tmp_path, edit, fragments):
+    bad = broken_copy(marian_hf, tmp_path, edit)
+    out = tmp_path / "ckpt"
+    assert_user_error(twostep("import", bad, "--out", out), *fragments)
+    assert not out.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_format_overrides_model_type(marian_hf, tmp_path):
+    bad = broken_copy(marian_hf, tmp_path, edit_config(model_type="marian-fork"))
+    result = twostep("import", bad, "--out", tmp_path / "ckpt", "--format", "marian")
+    assert result.returncode == 0, result.stderr
+    assert "marian" in result.stdout
+
+
+def test_an_unknown_language_lists_the_valid_ones(pretrained, tmp_path):
+    result = twostep("translate", pretrained.art, "hello", "--tgt-lang", "xx", *(
+        ["--src-lang", pretrained.langs["src_lang"]] if "src_lang" in pretrained.langs else []))
+    if pretrained.name == "m2m100":
+        assert_user_error(result, "unknown target language 'xx'", "de, el, en")
+    elif pretrained.name == "marian":
+        assert_user_error(result, "unknown target language 'xx': this model has deu, fra")
+    else:
+        assert_user_error(result, "unknown target language 'xx': this model has no target languages")

@@ -1,0 +1,161 @@
+"""How text becomes token ids and back: the manifest's `tokenizer` section (schema 3), which every consumer
+(the Python runtime, the C++ library) follows the same way.
+
+    source_model, target_model   SentencePiece models: one splits source text into pieces, one joins target
+                                 pieces into text (the same file where a model has one)
+    source_vocab, target_vocab   {piece: id} tables where the model's ids are not SentencePiece's own (Marian's
+                                 vocab.json, M2M100's fairseq-ordered vocabulary with its language tokens); null:
+                                 SentencePiece's ids are the model's (the seeds)
+    source_suffix                ids after every source sentence (eos)
+    special_pieces               pieces found anywhere in the text, each one id (">>fra<<", "__fr__", "</s>")
+    unk_id                       the source id of a piece missing from source_vocab
+    drop_ids                     ids left out of decoded text (pad, eos, unk, language tokens)
+    languages                    source: {code: ids before the source pieces}; target: {code: {source: ids before
+                                 the source pieces, decoder: ids forced on the decoder after its start id}};
+                                 default_source, default_target: the codes used when a request names none
+
+A source sentence is languages.source[src] + languages.target[tgt].source + pieces + source_suffix; the decoder
+starts from the model's start id (model.decoder_start_id, else bos) followed by languages.target[tgt].decoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from twostep.artifact.trust import safe_name
+from twostep.errors import BadArtifact, BadInput
+
+Ids = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TargetLanguage:
+    source: Ids = ()  # before the source pieces (Marian's >>fra<<)
+    decoder: Ids = ()  # forced after the decoder's start id (M2M100's __fr__)
+
+
+@dataclass(frozen=True)
+class Languages:
+    source: Mapping[str, Ids] = field(default_factory=dict)
+    target: Mapping[str, TargetLanguage] = field(default_factory=dict)
+    default_source: str | None = None
+    default_target: str | None = None
+
+    def pick(self, side: str, code: str | None) -> str | None:
+        """The code a request means on `side` ("source"/"target"): its own, else the default; a BadInput that
+        lists the valid codes when it is unknown, or missing where the model needs one. A model needs one where
+        its languages have source tokens, or decoder tokens to force; Marian's target-language tokens go into the
+        source, where its users may also type them (">>fra<< text"), so they may be left out."""
+        known = self.source if side == "source" else self.target
+        code = code or (self.default_source if side == "source" else self.default_target)
+        flag = "--src-lang" if side == "source" else "--tgt-lang"
+        if code is None:
+            needed = bool(known) if side == "source" else any(t.decoder for t in self.target.values())
+            if needed:
+                raise BadInput(f"this model needs a {side} language: {flag} one of {', '.join(sorted(known))}")
+            return None
+        if code not in known:
+            have = f"this model has {', '.join(sorted(known))}" if known else f"this model has no {side} languages"
+            raise BadInput(f"unknown {side} language {code!r}: {have}")
+        return code
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": {c: list(ids) for c, ids in self.source.items()},
+                "target": {c: {"source": list(t.source), "decoder": list(t.decoder)} for c, t in self.target.items()},
+                "default_source": self.default_source, "default_target": self.default_target}
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    source_model: str
+    target_model: str
+    source_suffix: Ids
+    drop_ids: Ids
+    unk_id: int
+    source_vocab: str | None = None
+    target_vocab: str | None = None
+    special_pieces: tuple[str, ...] = ()
+    languages: Languages = Languages()
+
+    @classmethod
+    def sentencepiece(cls, file: str, pad: int, unk: int, bos: int, eos: int) -> TokenizerSpec:
+        """One SentencePiece model whose ids are the model's (the seeds; schema 2's `tokenizer` file)."""
+        return cls(source_model=file, target_model=file, source_suffix=(eos,), drop_ids=(pad, unk, bos, eos),
+                   unk_id=unk)
+
+    def files(self) -> list[str]:
+        names = [self.source_model, self.target_model, self.source_vocab, self.target_vocab]
+        return list(dict.fromkeys(n for n in names if n is not None))
+
+    def start(self, start_id: int, tgt_lang: str | None) -> Ids:
+        """The decoder's forced prefix for a target language: its start id, then the language's tokens."""
+        code = self.languages.pick("target", tgt_lang)
+        return (start_id, *(self.languages.target[code].decoder if code else ()))
+
+    def renamed(self, names: Mapping[str, str]) -> TokenizerSpec:
+        """The same spec with its files renamed (a checkpoint's files as an artifact stores them)."""
+        def rename(n: str | None) -> str | None:
+            return None if n is None else names.get(n, n)
+        return TokenizerSpec(rename(self.source_model), rename(self.target_model), self.source_suffix,
+                             self.drop_ids, self.unk_id, rename(self.source_vocab), rename(self.target_vocab),
+                             self.special_pieces, self.languages)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source_model": self.source_model, "target_model": self.target_model,
+                "source_vocab": self.source_vocab, "target_vocab": self.target_vocab,
+                "source_suffix": list(self.source_suffix), "special_pieces": list(self.special_pieces),
+                "drop_ids": list(self.drop_ids), "unk_id": self.unk_id, "languages": self.languages.to_json()}
+
+    @classmethod
+    def parse(cls, data: Any, where: str, vocab: tuple[int, int]) -> TokenizerSpec:
+        """The section as JSON gives it; every problem is one BadArtifact. `vocab`: the model's (source, target)
+        vocabulary sizes, which every id must be below."""
+        def bad(what: str) -> BadArtifact:
+            return BadArtifact(f"{where}: malformed manifest (tokenizer: {what})")
+
+        def file(key: str, optional: bool = False) -> str | None:
+            name = data.get(key)
+            if name is None and optional:
+                return None
+            if not isinstance(name, str):
+                raise bad(f"{key} is {name!r:.40}")
+            return safe_name(name, where)
+
+        def ids(value: Any, what: str, side: int = 0) -> Ids:
+            if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                      and 0 <= i < vocab[side] for i in value):
+                raise bad(f"{what} must be a list of ids below {vocab[side]}, got {value!r:.60}")
+            return tuple(value)
+
+        if not isinstance(data, dict):
+            raise bad(f"expected an object, got {type(data).__name__}")
+        langs = data.get("languages") or {}
+        if not isinstance(langs, dict) or not isinstance(langs.get("source", {}), dict) \
+                or not isinstance(langs.get("target", {}), dict):
+            raise bad("languages must hold source and target objects")
+        target = {}
+        for code, entry in langs.get("target", {}).items():
+            if not isinstance(entry, dict):
+                raise bad(f"languages.target.{code} must be an object")
+            target[code] = TargetLanguage(ids(entry.get("source", []), f"languages.target.{code}.source"),
+                                          ids(entry.get("decoder", []), f"languages.target.{code}.decoder", 1))
+        source = {code: ids(v, f"languages.source.{code}") for code, v in langs.get("source", {}).items()}
+        defaults = [langs.get("default_source"), langs.get("default_target")]
+        for d, known in zip(defaults, (source, target)):
+            if d is not None and d not in known:
+                raise bad(f"default language {d!r:.20} is not one of its languages")
+        pieces = data.get("special_pieces", [])
+        if not isinstance(pieces, list) or not all(isinstance(p, str) and p for p in pieces):
+            raise bad("special_pieces must be a list of non-empty strings")
+        unk = data.get("unk_id")
+        return cls(source_model=file("source_model"), target_model=file("target_model"),
+                   source_vocab=file("source_vocab", True), target_vocab=file("target_vocab", True),
+                   source_suffix=ids(data.get("source_suffix"), "source_suffix"),
+                   drop_ids=ids(data.get("drop_ids"), "drop_ids", 1),
+                   unk_id=ids([unk], "unk_id")[0], special_pieces=tuple(pieces),
+                   languages=Languages(source, target, *defaults))
+
+
+__all__ = ["TokenizerSpec", "Languages", "TargetLanguage"]
