@@ -6,9 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch

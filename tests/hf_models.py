@@ -23,6 +23,7 @@ TEST_SENTENCES = ["the cat sat in the park", "hello dog", "a quick fox", "we ran
 
 STD = 0.3
 STEPS = 120
+EOS_BIAS = 3.0
 
 
 def train(model, tokenizer, steps: int = STEPS, **target_kwargs) -> None:
@@ -71,13 +72,14 @@ def randomize(model, seed: int, std: float | None = None) -> None:
 
 def marian_dir(out: Path, separate: bool = False, seed: int = 0, train_steps: int | None = None) -> Path:
     """A Marian model: shared vocabulary with >>fra<</>>deu<< language tokens, or separate vocabularies."""
+    import torch
     from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     work = out / "src"
     work.mkdir(exist_ok=True)
     source = train_spm(work / "source.spm", SOURCE_TEXT, 60)
-    target = train_spm(work / "target.spm", TARGET_TEXT if separate else SOURCE_TEXT, 50 if separate else 60)
+    target = train_spm(work / "target.spm", TARGET_TEXT if separate else SOURCE_TEXT, 100 if separate else 60)
 
     def table(spm_file: Path, codes: list[str]) -> dict[str, int]:
         """OPUS-MT's layout: eos, unk, language tokens, the pieces, pad last; with separate vocabularies pad is
@@ -110,6 +112,9 @@ def marian_dir(out: Path, separate: bool = False, seed: int = 0, train_steps: in
     model = MarianMTModel(config).eval()
     randomize(model, seed, std=0.1)
     train(model, tokenizer, STEPS if train_steps is None else train_steps)
+    if separate:  # its character-level target pieces make long sentences: end some of them sooner
+        with torch.no_grad():
+            model.final_logits_bias[0, 0] += EOS_BIAS
     model.generation_config = GenerationConfig(
         bad_words_ids=[[config.decoder_start_token_id]], decoder_start_token_id=config.decoder_start_token_id,
         eos_token_id=0, pad_token_id=config.decoder_start_token_id, forced_eos_token_id=None, max_length=64)
@@ -133,7 +138,8 @@ def m2m100_dir(out: Path, seed: int = 0) -> Path:
     tokenizer = M2M100Tokenizer(str(work / "vocab.json"), str(model_file), src_lang="en", tgt_lang="fr")
     config = M2M100Config(
         vocab_size=len(vocab) + 100 + 8,  # + 100 language tokens and 8 "madeup words"
-        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
         activation_function="relu", scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
         decoder_start_token_id=2, forced_eos_token_id=None, dropout=0.0,
     )

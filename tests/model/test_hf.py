@@ -17,14 +17,17 @@ TRICKY = ["the cat sat on the mat", "  leading and trailing spaces  ", "zebra xy
 
 
 def test_source_ids_are_those_of_the_family_tokenizer(pretrained):
-    """Source text to ids, language tokens included, exactly as transformers' tokenizer gives them."""
+    """Source text to ids, language tokens included, exactly as transformers' tokenizer gives them. A Marian
+    language token typed in the text counts where transformers looks for one, at the start; twostep also finds
+    it elsewhere (transformers splits it into pieces there: docs/models.md)."""
     from transformers import AutoTokenizer
 
     ours = Tokenizer(pretrained.ckpt, load_spec(pretrained.ckpt))
     theirs = AutoTokenizer.from_pretrained(pretrained.hf)
     langs = pretrained.langs
-    texts = TRICKY + (["__de__ inside", ">>fra<< typed"] if pretrained.name != "marian-separate" else [])
-    for text in texts:
+    if pretrained.name == "marian":
+        assert ours.encode_source(">>deu<< typed first") == theirs(">>deu<< typed first").input_ids
+    for text in TRICKY:
         if pretrained.name == "m2m100":
             theirs.src_lang = langs["src_lang"]
             want = theirs(text).input_ids
@@ -36,8 +39,10 @@ def test_source_ids_are_those_of_the_family_tokenizer(pretrained):
 
 
 def test_target_ids_decode_to_the_family_tokenizer_text(pretrained):
-    """Generated ids back to text as transformers decodes them (special ids dropped); M2M100's language tokens,
-    which transformers 5 keeps in the text, are dropped like the other special ids (transformers 4 did too)."""
+    """Generated ids back to text as transformers decodes them (special ids dropped). Left out of the draw: M2M100's
+    language tokens, which transformers 5 keeps in the text and twostep drops like every special id (as
+    transformers 4 did), and its 8 "madeup word" ids, which have no piece (transformers 5 writes "<unk>" for
+    them, twostep nothing)."""
     import numpy as np
     from transformers import AutoTokenizer
 
@@ -46,9 +51,10 @@ def test_target_ids_decode_to_the_family_tokenizer_text(pretrained):
     vocab = json.loads((pretrained.ckpt / "config.json").read_text())["model"]["tgt_vocab_size"]
     languages = set(ours.spec.languages.source.values()) | {t.decoder for t in ours.spec.languages.target.values()}
     language_ids = {i for ids in languages for i in ids}
+    drawable = [i for i in range(vocab) if i in ours.target_pieces and i not in language_ids]
     rng = np.random.default_rng(0)
     for _ in range(50):
-        ids = [int(i) for i in rng.integers(0, vocab, rng.integers(1, 12)) if int(i) not in language_ids]
+        ids = [int(i) for i in rng.choice(drawable, rng.integers(1, 12))]
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), ids
 
 

@@ -54,7 +54,8 @@ M2M100_LANGUAGES = {
 }
 
 # The names an imported checkpoint (and its artifact) gives the tokenizer's files.
-SOURCE_SPM, TARGET_SPM, SOURCE_VOCAB, TARGET_VOCAB = "source.spm", "target.spm", "source_vocab.json", "target_vocab.json"
+SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
+SOURCE_VOCAB, TARGET_VOCAB = "source_vocab.json", "target_vocab.json"
 
 
 @dataclass

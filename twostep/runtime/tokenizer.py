@@ -89,22 +89,19 @@ class Tokenizer:
         """The text's ids: special pieces as one id each, the text between them through SentencePiece."""
         out: list[int] = []
         start = 0
-        chunks = []
-        if self.splitter is not None:
-            for m in self.splitter.finditer(text):
-                chunks.append((text[start : m.start()], None))
-                chunks.append((None, m.group()))
-                start = m.end()
-        chunks.append((text[start:], None))
-        for chunk, special in chunks:
-            if special is not None:
-                out.append(self.special_ids[special])
-            elif chunk:
-                if self.source_table is None:
-                    out += self.source_sp.encode(chunk)
-                else:
-                    out += [self.source_table.get(p, self.spec.unk_id) for p in self.source_sp.encode(chunk, out_type=str)]
-        return out
+        for m in self.splitter.finditer(text) if self.splitter is not None else ():
+            out += self.chunk_ids(text[start : m.start()])
+            out.append(self.special_ids[m.group()])
+            start = m.end()
+        return out + self.chunk_ids(text[start:])
+
+    def chunk_ids(self, chunk: str) -> list[int]:
+        """Text without special pieces, through the source SentencePiece model (and the source table)."""
+        if not chunk:
+            return []
+        if self.source_table is None:
+            return self.source_sp.encode(chunk)
+        return [self.source_table.get(p, self.spec.unk_id) for p in self.source_sp.encode(chunk, out_type=str)]
 
     def encode_source(self, text: str, src_lang: str | None = None, tgt_lang: str | None = None) -> list[int]:
         if not text.strip():
