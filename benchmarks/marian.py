@@ -39,6 +39,11 @@ eos. Workloads: greedy batch 1 (the first --sentences-b1 sentences), greedy batc
 then timed --iters times with the engines interleaved (A, B, C, A, B, C, ...), so that the machine's drift hits
 all of them alike; the table gives median seconds for the whole workload and tokens/s, speedups (the other
 engine's time / twostep's), and how many sentences' tokens are identical to eager transformers'.
+
+Run it on an otherwise idle machine: with 2 threads per engine on 2 cores that something else keeps busy,
+CTranslate2 fp32 slows by 5-10x (its threads wait on each other), the others by 1.2-3x. The load average
+before and after timing is printed. `--prepare-only` builds everything (about 10-15 minutes, mostly the two
+twostep exports) and computes the reference tokens, for a timed run later.
 """
 
 from __future__ import annotations
@@ -189,7 +194,10 @@ def prepare(work: Path, size: Size, engines: list[str], optimum_python: str | No
             errors[key] = f"ctranslate2 is not installed ({exc}); pip install -e '.[bench]'"
             continue
         log(f"ct2-transformers-converter --quantization {quantization or 'float32'}")
-        TransformersConverter(str(paths["hf"])).convert(str(paths[key]), quantization=quantization, force=True)
+        try:
+            TransformersConverter(str(paths["hf"])).convert(str(paths[key]), quantization=quantization, force=True)
+        except Exception as exc:  # the converter's own refusal, reported in the table instead of ending the run
+            errors[key] = f"CTranslate2's converter failed: {type(exc).__name__}: {exc}"
 
     if "optimum" in engines:
         if optimum_python is None:
@@ -421,6 +429,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def load_average() -> float | None:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def speedup_rows(rows: dict, workloads: list[Workload]) -> list[dict]:
     out = []
     for fast, other, target in TARGETS:
@@ -441,7 +456,8 @@ def identical(a: list[list[int]], b: list[list[int]]) -> int:
 def report(meta: dict, rows: dict, engines: list[str], workloads: list[Workload], errors: dict,
            speedups: list[dict]) -> str:
     lines = [f"CPU: {meta['cpu']}; {meta['threads']} threads per engine; {meta['new_tokens']} new tokens per "
-             f"sentence; medians of {meta['iters']} interleaved runs after {meta['warmup']} warm-up; {meta['date']}",
+             f"sentence; medians of {meta['iters']} interleaved runs after {meta['warmup']} warm-up; {meta['date']}; "
+             f"load average before/after {meta['load_average']['before']}/{meta['load_average']['after']}",
              "", "| workload | engine | median s | tokens/s | min-max s | tokens = eager fp32 | load s |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for w in workloads:
@@ -549,6 +565,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"prepared {work}")
         return 1 if errors else 0
 
+    load_before = load_average()
+    if load_before is not None and load_before > 0.5:
+        log(f"warning: load average {load_before:.2f} before timing: something else is running. Engines with 2 threads "
+            "on 2 busy cores slow down by far more than their share (CTranslate2 fp32's barriers by 5-10x)")
     workers: dict[str, Worker] = {}
     try:
         for e in engines:
@@ -597,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": args.warmup, "date": time.strftime("%Y-%m-%d %H:%M"), "size": size.__dict__,
             "python": sys.version.split()[0], "engines": {e: w.info for e, w in workers.items()},
             "command": " ".join(["python -m benchmarks.marian", *(argv if argv is not None else sys.argv[1:])]),
-            "work": str(work)}
+            "work": str(work), "load_average": {"before": load_before, "after": load_average()}}
     table = report(meta, rows, engines, workloads, errors, speedups)
     print(table)
     print("\nengine versions: " + "; ".join(f"{LABELS[e]}: {', '.join(f'{k} {v}' for k, v in info.items())}"

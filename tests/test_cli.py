@@ -67,7 +67,7 @@ def test_import_unknown_format(tmp_path):
 
 def test_text_commands_need_a_tokenizer(tmp_path):
     assert twostep("init", "--preset", "tiny", "--vocab", "50", "--out", tmp_path / "ck").returncode == 0
-    assert_user_error(twostep("translate", tmp_path / "ck", "one"), "no tokenizer.model")
+    assert_user_error(twostep("translate", tmp_path / "ck", "one"), "this model has no tokenizer")
 
 
 def test_empty_input_is_a_user_error(demo_model_dir):

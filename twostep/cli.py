@@ -441,8 +441,9 @@ def import_cmd(
 ) -> None:
     """Import a pretrained model (a transformers directory) or a foreign checkpoint (seed families, PyTorch's
     nn.Transformer tutorial) into a twostep checkpoint."""
-    if src.is_dir() or (not src.exists() and len(src.parts) == 2):  # a directory, or a hub name ORG/NAME
-        from twostep.model.hf import import_hf_directory
+    from twostep.model.hf import import_hf_directory, is_hub_name
+
+    if src.is_dir() or is_hub_name(src):  # a transformers directory, or a hub name ORG/NAME
 
         ckpt = import_hf_directory(src, out_dir, fmt, force=force)
         fmt = ckpt.info["imported_from"]["format"]

@@ -16,7 +16,7 @@ from twostep.exporter.export import export
 
 def test_manifest_describes_the_artifact(demo_artifact, demo_model_dir):
     m = json.loads((demo_artifact / "manifest.json").read_text())
-    assert m["schema_version"] == 2 and m["dtype"] == "float32" and m["opset"] == 18
+    assert m["schema_version"] == 3 and m["dtype"] == "float32" and m["opset"] == 18
     assert set(m["files"]) == {"encoder.onnx", "decoder.onnx", "tokenizer.model"}
     assert m["special_tokens"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
     dec = {t["name"]: t for t in m["graphs"]["decoder"]["inputs"]}

@@ -144,7 +144,7 @@ class TokenizerSpec:
         source = {code: ids(v, f"languages.source.{code}") for code, v in langs.get("source", {}).items()}
         defaults = [langs.get("default_source"), langs.get("default_target")]
         for d, known in zip(defaults, (source, target)):
-            if d is not None and d not in known:
+            if d is not None and (not isinstance(d, str) or d not in known):
                 raise bad(f"default language {d!r:.20} is not one of its languages")
         pieces = data.get("special_pieces", [])
         if not isinstance(pieces, list) or not all(isinstance(p, str) and p for p in pieces):

@@ -21,6 +21,7 @@ pad), its `forced_bos_token_id` the default target language.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -348,6 +349,15 @@ HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.sa
              "tokenizer_config.json"]
 
 
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def is_hub_name(src: Path | str) -> bool:
+    """ORG/NAME that is not a path here: a model of the Hugging Face hub."""
+    return (not Path(src).exists() and HUB_NAME.fullmatch(str(src)) is not None
+            and Path(src).suffix not in (".pt", ".pth", ".bin", ".ckpt", ".safetensors"))
+
+
 def download(repo: str) -> Path:
     """A model of the Hugging Face hub (ORG/NAME), downloaded with huggingface_hub (the `hub` extra): only the
     files an import reads."""
@@ -367,7 +377,7 @@ def import_hf_directory(src: Path, out_dir: Path, fmt: str | None = None, force:
     """Import a transformers model directory (or a hub name ORG/NAME, downloaded); the family is config.json's
     model_type unless `fmt` names it."""
     src = Path(src)
-    if not src.exists() and len(src.parts) == 2 and not str(src).startswith((".", "/")):
+    if is_hub_name(src):
         src = download(str(src))
     hf = HFModel(src)
     family = fmt or hf.get("model_type")
