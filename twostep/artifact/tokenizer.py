@@ -89,10 +89,10 @@ class TokenizerSpec:
         names = [self.source_model, self.target_model, self.source_vocab, self.target_vocab]
         return list(dict.fromkeys(n for n in names if n is not None))
 
-    def start(self, start_id: int, tgt_lang: str | None) -> Ids:
-        """The decoder's forced prefix for a target language: its start id, then the language's tokens."""
+    def decoder_prefix(self, tgt_lang: str | None) -> Ids:
+        """The tokens forced on the decoder after its start id for a target language (M2M100's __fr__)."""
         code = self.languages.pick("target", tgt_lang)
-        return (start_id, *(self.languages.target[code].decoder if code else ()))
+        return self.languages.target[code].decoder if code else ()
 
     def renamed(self, names: Mapping[str, str]) -> TokenizerSpec:
         """The same spec with its files renamed (a checkpoint's files as an artifact stores them)."""

@@ -227,7 +227,7 @@ def import_marian(hf: HFModel) -> Imported:
     src_key, tgt_key = embeddings(m, sd, shared)
     src_vocab = m.shape(src_key)[0]
     tgt_vocab = m.shape(tgt_key)[0]
-    generator = first_present(sd, "lm_head.weight")
+    generator = "lm_head.weight"
     tied = generator not in sd or same(sd, generator, tgt_key)
 
     vocab = read_vocab(hf.file("vocab.json", "the token table of Marian's tokenizer"))

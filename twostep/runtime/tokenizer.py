@@ -17,7 +17,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from twostep.artifact.tokenizer import Ids, TokenizerSpec
+from twostep.artifact.tokenizer import TokenizerSpec
 from twostep.errors import BadArtifact, BadInput
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -110,10 +110,6 @@ class Tokenizer:
         src, tgt = langs.pick("source", src_lang), langs.pick("target", tgt_lang)
         prefix = [*(langs.source[src] if src else ()), *(langs.target[tgt].source if tgt else ())]
         return prefix + self.pieces(text) + list(self.spec.source_suffix)
-
-    def start(self, start_id: int, tgt_lang: str | None = None) -> Ids:
-        """The decoder's first tokens for a target language: the start id, then any forced language token."""
-        return self.spec.start(start_id, tgt_lang)
 
     def check_languages(self, src_lang: str | None, tgt_lang: str | None) -> None:
         self.spec.languages.pick("source", src_lang)

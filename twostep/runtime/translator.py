@@ -76,7 +76,7 @@ class Translator:
         targets = self.tokenizer.spec.languages.target.values()
         if tgt_lang is None and not any(t.decoder for t in targets):
             return ()  # token ids: a language token in the source is already there
-        return self.tokenizer.start(self.limits.specials.bos_id, tgt_lang)[1:]
+        return self.tokenizer.spec.decoder_prefix(tgt_lang)
 
     def decode_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                    prefixes: Sequence[Sequence[int]] | None = None,
