@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import pytest
 
@@ -20,43 +15,11 @@ pytest.importorskip("fastapi", reason="serving needs its extra (pip install -e '
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from cli_helpers import assert_user_error, twostep  # noqa: E402
+from serving_helpers import post, server  # noqa: E402
 from twostep.runtime.decoding import DecodeOptions  # noqa: E402
 from twostep.runtime.translator import open_translator  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-@contextmanager
-def server(art, *args, ready_s: float = 120):
-    """`twostep serve ART --port 0 ...` in its own process; yields (base URL, process). Stopped with SIGTERM."""
-    proc = subprocess.Popen([sys.executable, "-m", "twostep.cli", "serve", str(art), "--host", "127.0.0.1",
-                             "--port", "0", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines: list[str] = []
-    url = None
-    deadline = time.monotonic() + ready_s
-    while url is None:
-        line = proc.stdout.readline()
-        if not line:
-            proc.wait(10)
-            pytest.fail(f"the server exited before serving ({proc.returncode}):\n{''.join(lines)}")
-        lines.append(line)
-        found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
-        url = found and found.group(1)
-        assert time.monotonic() < deadline, "".join(lines)
-    drain = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # keep the pipe flowing
-    drain.start()
-    proc.log = lines
-    try:
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +33,6 @@ def sentences():
     from twostep.model.tasks import get_task
 
     return [source for source, _ in get_task("numbers-en-de").split("test")][:64]
-
-
-def post(url, body, **kw):
-    return httpx.post(f"{url}/v1/translate", json=body, timeout=60, **kw)
 
 
 def test_translations_and_scores_match_the_python_runtime(demo_server, demo_artifact, sentences):

@@ -1,0 +1,53 @@
+"""A real `twostep serve` process on a free loopback port, for the serving tests: `server(...)` and `post(...)`."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+
+@contextmanager
+def server(art, *args, ready_s: float = 120, env: dict[str, str] | None = None):
+    """`twostep serve ART --port 0 ...` in its own process (`env`: added to the environment); yields (base URL,
+    process), the process's output lines so far in `process.log`. Stopped with SIGTERM if still running."""
+    proc = subprocess.Popen([sys.executable, "-m", "twostep.cli", "serve", str(art), "--host", "127.0.0.1",
+                             "--port", "0", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    lines: list[str] = []
+    url = None
+    deadline = time.monotonic() + ready_s
+    while url is None:
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(10)
+            pytest.fail(f"the server exited before serving ({proc.returncode}):\n{''.join(lines)}")
+        lines.append(line)
+        found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
+        url = found and found.group(1)
+        assert time.monotonic() < deadline, "".join(lines)
+    drain = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # keep the pipe flowing
+    drain.start()
+    proc.log = lines
+    try:
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def post(url, body, **kw):
+    return httpx.post(f"{url}/v1/translate", json=body, timeout=60, **kw)
