@@ -17,6 +17,10 @@ class BadInput(TwostepError):
     """Input text or token ids that the model cannot take."""
 
 
+class TooLarge(BadInput):
+    """A request that is well formed but more work than a server takes at once (HTTP 413): send it in parts."""
+
+
 class BackendUnavailable(TwostepError):
     """A backend that is unknown, or whose libraries or hardware are missing here."""
 

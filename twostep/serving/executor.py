@@ -2,9 +2,10 @@
 
 Threads call `translate(...)` (or coroutines `await translate_async(...)`) on one shared BatchingTranslator: a
 plain `Translator` (text to token ids and back, each request's checks, in the caller's thread: a bad request
-fails alone, before it is queued) composed with a `BatchingEngine` (twostep.serving.engine: the queue, the lanes
-and the worker that decodes in running batches, in flight or static, as BatchLimits say). Each sentence decodes
-as if alone, so outputs do not depend on what else shares a batch, or on when a sentence joined it.
+fails alone, before it is queued, as does one beyond BatchLimits' admission limits: `admit`) composed with a
+`BatchingEngine` (twostep.serving.engine: the queue, the lanes and the worker that decodes in running batches,
+in flight or static, as BatchLimits say). Each sentence decodes as if alone, so outputs do not depend on what
+else shares a batch, or on when a sentence joined it.
 
 Imports no web framework: `twostep.serving.http` and `twostep.serving.ray_app` serve it.
 """
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
+from twostep.errors import BadInput, TooLarge
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, StepSession
 from twostep.runtime.tokenizer import Tokenizer
 from twostep.runtime.translator import Limits, Translator
@@ -51,13 +53,45 @@ class BatchingTranslator:
     def submit_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                    tgt_lang: str | None = None) -> Future:
         """Queue one request; its future's result is decode_ids'. Cancel the future to drop its rows. Raises
-        BadInput for a bad request and Overloaded when the queue cannot take it now."""
+        BadInput for a bad request or one beyond the admission limits (TooLarge for too much work: `admit`),
+        and Overloaded when the queue cannot take it now."""
         options = self.translator.options if options is None else options
         if not isinstance(options, DecodeOptions):
             raise TypeError(f"options must be DecodeOptions, got {type(options).__name__}")
         self.translator.check_ids(sources)
-        return self.engine.submit(sources, options, lambda ids: self.translator.max_new_tokens([ids], options),
+        self.admit(sources, options)
+        return self.engine.submit(sources, options, lambda ids: self.new_tokens(ids, options),
                                   self.translator.prefix(tgt_lang))
+
+    def admit(self, sources: Sequence[Sequence[int]], options: DecodeOptions) -> None:
+        """Refuse, before it is queued, a request beyond BatchLimits' admission limits: a beam above max_beam
+        or wider than a batch (max_batch_rows), a max_new_tokens above the limit (new_tokens), or more work,
+        sentences x beam x new tokens, than max_request_work (TooLarge)."""
+        limits, beam = self.engine.limits, options.beam_size
+        if beam > limits.max_beam:
+            raise BadInput(f"beam size {beam} is above the limit of {limits.max_beam} (max_beam; twostep serve "
+                           "--max-beam): ask for a smaller beam")
+        if beam > limits.max_batch_rows:
+            raise BadInput(f"beam size {beam} takes {beam} rows of one batch, which holds {limits.max_batch_rows} "
+                           f"(max_batch_rows; twostep serve --max-batch-rows; the beam limit max_beam is "
+                           f"{limits.max_beam}): ask for a smaller beam")
+        tokens = sum(self.new_tokens(ids, options) for ids in sources)
+        if beam * tokens > limits.max_request_work:
+            raise TooLarge(f"the request's work (beam x new tokens, summed over its sentences) is {beam} x {tokens} "
+                           f"= {beam * tokens}, above the limit of {limits.max_request_work} (max_request_work; "
+                           "twostep serve --max-request-work): send fewer sentences, a smaller beam or a lower "
+                           "max_new_tokens")
+
+    def new_tokens(self, ids: Sequence[int], options: DecodeOptions) -> int:
+        """How far a sentence decodes: the Translator's max_new_tokens (the request's, else 2 x source + 16),
+        the default capped at the limit (BatchLimits.new_tokens); a request's own above the limit is a
+        BadInput, not a silently shorter translation."""
+        limit = self.engine.limits.new_tokens(self.translator.limits.max_positions)
+        if options.max_new_tokens is not None and options.max_new_tokens > limit:
+            raise BadInput(f"max_new_tokens {options.max_new_tokens} is above the limit of {limit} new tokens a "
+                           "sentence (max_new_tokens; twostep serve --max-new-tokens, at most the model's "
+                           "max_positions): ask for fewer")
+        return min(self.translator.max_new_tokens([ids], options), limit)
 
     def decode_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                    timeout: float | None = None, tgt_lang: str | None = None) -> list[list[Hypothesis]]:
