@@ -1,4 +1,5 @@
-"""A real `twostep serve` process on a free loopback port, for the serving tests: `server(...)` and `post(...)`."""
+"""A real `twostep serve` process on a free loopback port, for the serving tests: `server(...)`, `post(...)`, and
+`refused_start(...)` for one that must not start."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 @contextmanager
 def server(art, *args, ready_s: float = 120, env: dict[str, str] | None = None):
     """`twostep serve ART --port 0 ...` in its own process (`env`: added to the environment); yields (base URL,
-    process), the process's output lines so far in `process.log`. Stopped with SIGTERM if still running."""
+    process), the process's output lines so far in `process.log` (all of them once the block
+    has ended). Stopped with SIGTERM if still running."""
     proc = subprocess.Popen([sys.executable, "-m", "twostep.cli", "serve", str(art), "--host", "127.0.0.1",
                              "--port", "0", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
@@ -47,6 +49,17 @@ def server(art, *args, ready_s: float = 120, env: dict[str, str] | None = None):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        drain.join(10)  # after the block, `process.log` holds every line
+
+
+def refused_start(art, *args, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """`twostep serve ART --port 0 ...` that must stop before serving: its result; a test failure, not a hang,
+    if it is still running after `timeout_s` (it started)."""
+    try:
+        return subprocess.run([sys.executable, "-m", "twostep.cli", "serve", str(art), "--port", "0",
+                               *map(str, args)], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"twostep serve {' '.join(map(str, args))} started instead of refusing")
 
 
 def post(url, body, **kw):

@@ -352,18 +352,35 @@ def serve_cmd(
     express_tokens: int = typer.Option(BatchLimits.express_tokens, min=0, help=BatchLimits.doc("express_tokens")),
     express_share: float = typer.Option(BatchLimits.express_share, min=0.01, max=0.99,
                                         help=BatchLimits.doc("express_share")),
+    # the admission limits: checked by BatchLimits (a bad value is one line)
+    max_beam: int = typer.Option(BatchLimits.max_beam, help=BatchLimits.doc("max_beam")),
+    max_new_tokens: Optional[int] = typer.Option(BatchLimits.max_new_tokens, help=BatchLimits.doc("max_new_tokens")),
+    max_request_work: int = typer.Option(BatchLimits.max_request_work, help=BatchLimits.doc("max_request_work")),
     max_sentences: int = typer.Option(64, min=1, help="Sentences per request; beyond it 413."),
     threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads of the model (default: the library's)."),
+    shutdown_delay: float = typer.Option(0, min=0, help="On SIGTERM, seconds that /readyz answers 503 while "
+                                         "requests are still answered (for load balancers to stop sending), before "
+                                         "the listener closes; a second SIGTERM or Ctrl-C ends them. Not with --ray."),
+    api_key_file: Optional[Path] = typer.Option(None, help="Require Authorization: Bearer KEY on /v1/translate, KEY "
+                                                "a line of this file (blank lines and # comments ignored); keys also "
+                                                "from TWOSTEP_API_KEYS, separated by commas."),
+    protect_metrics: bool = typer.Option(False, "--protect-metrics", help="/metrics needs an API key too."),
     ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep\\[ray]')."),
     address: Optional[str] = typer.Option(None, help="--ray: join this Ray cluster (ray start --head) instead "
                                           "of starting a local one."),
     replicas: int = typer.Option(1, min=1, help="--ray: replicas, each with its own model and batcher."),
     autoscale: Optional[str] = typer.Option(None, help="--ray: MIN:MAX replicas, scaled on ongoing requests."),
     num_cpus: float = typer.Option(1.0, min=0, help="--ray: CPUs each replica reserves."),
+    graceful_shutdown_wait_loop: Optional[float] = typer.Option(None, min=0, help="--ray: seconds between a stopping "
+                                                                "replica's checks for requests in flight (Ray Serve's "
+                                                                "graceful_shutdown_wait_loop_s, default 2)."),
+    graceful_shutdown_timeout: Optional[float] = typer.Option(None, min=0, help="--ray: seconds a stopping replica "
+                                                              "gets to answer them before it is killed (Ray Serve's "
+                                                              "graceful_shutdown_timeout_s, default 20)."),
 ) -> None:
     """Serve translations over HTTP: POST /v1/translate, /healthz, /readyz, /metrics (Prometheus)."""
     try:
-        from twostep.serving.http import ServeConfig
+        from twostep.serving.http import ServeConfig, read_api_keys
     except ImportError as exc:
         raise TwostepError(f"serving needs its extra: pip install 'twostep[serve]' ({exc})") from None
     if batching not in BATCHING:
@@ -371,13 +388,19 @@ def serve_cmd(
     check_servable(model_dir, backend)
     limits = BatchLimits(max_batch_tokens=max_batch_tokens, max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms,
                          max_queue=max_queue, inflight=BATCHING[batching], express_tokens=express_tokens,
-                         express_share=express_share)
-    config = ServeConfig(str(model_dir.resolve()), backend, threads, limits, max_sentences=max_sentences)
+                         express_share=express_share, max_beam=max_beam, max_new_tokens=max_new_tokens,
+                         max_request_work=max_request_work)
+    config = ServeConfig(str(model_dir.resolve()), backend, threads, limits, max_sentences=max_sentences,
+                         api_key_digests=read_api_keys(api_key_file), protect_metrics=protect_metrics)
     if not ray:
         from twostep.serving.http import serve
 
-        serve(config, host, port)
+        serve(config, host, port, shutdown_delay)
         return
+    if shutdown_delay:
+        raise TwostepError("--shutdown-delay is the uvicorn server's; with --ray, Ray Serve's proxy takes the "
+                           "requests and its replicas drain by --graceful-shutdown-wait-loop and "
+                           "--graceful-shutdown-timeout (docs/serving.md, Draining)")
     from twostep.serving import ray_app
 
     scaling = None
@@ -387,7 +410,10 @@ def serve_cmd(
         except ValueError:
             raise TwostepError(f"--autoscale takes MIN:MAX, got {autoscale!r}") from None
         scaling = {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": 2 * max_batch_rows}
-    ray_app.run(config, host, port, replicas, num_cpus, scaling, address)
+    shutdown = {key: value for key, value in zip(ray_app.SHUTDOWN_KEYS, (graceful_shutdown_wait_loop,
+                                                                         graceful_shutdown_timeout))
+                if value is not None}
+    ray_app.run(config, host, port, replicas, num_cpus, scaling, address, shutdown)
 
 
 def check_servable(model_dir: Path, backend: Optional[str]) -> None:

@@ -1,4 +1,5 @@
-"""`twostep serve --ray`: the same app through a real local Ray Serve cluster (on loopback), two replicas."""
+"""`twostep serve --ray`: the same app through a real local Ray Serve cluster (on loopback), two replicas, with
+API keys; the deployment's graceful shutdown options."""
 
 from __future__ import annotations
 
@@ -26,6 +27,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_the_deployment_carries_ray_serves_graceful_shutdown_options(demo_artifact):
+    """app_builder's graceful_shutdown_* keys (and --ray's --graceful-shutdown-*, through `run`) reach the
+    deployment; Ray Serve's defaults without them."""
+    from twostep.serving import ray_app
+
+    def options(**keys):
+        config = ray_app.app_builder({"model_dir": str(demo_artifact), **keys})._bound_deployment._deployment_config
+        return config.graceful_shutdown_wait_loop_s, config.graceful_shutdown_timeout_s
+
+    assert options(graceful_shutdown_wait_loop_s="0.5", graceful_shutdown_timeout_s="7") == (0.5, 7.0)
+    assert options() == (2.0, 20.0)
+
+
 def test_ray_serve_replicas_answer_like_the_python_runtime(demo_artifact, tmp_path):
     from twostep.model.tasks import get_task
 
@@ -35,10 +49,14 @@ def test_ray_serve_replicas_answer_like_the_python_runtime(demo_artifact, tmp_pa
         want = [translator.translate([s])[0] for s in sentences]
     port = free_port()
     log = open(tmp_path / "serve.log", "w+")
+    key = "k3y-ray-0c4f2a9d"
+    (tmp_path / "keys").write_text(f"# the replicas get its digest\n{key}\n")
+    auth = {"Authorization": f"Bearer {key}"}
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0"}  # every replica's log lines, undeduplicated
     proc = subprocess.Popen([sys.executable, "-m", "twostep.cli", "serve", str(demo_artifact), "--ray", "--port",
-                             str(port), "--replicas", "2", "--num-cpus", "0.5"], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
+                             str(port), "--replicas", "2", "--num-cpus", "0.5", "--api-key-file", tmp_path / "keys",
+                             "--graceful-shutdown-wait-loop", "0.5", "--graceful-shutdown-timeout", "30"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -46,15 +64,19 @@ def test_ray_serve_replicas_answer_like_the_python_runtime(demo_artifact, tmp_pa
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()
             assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
             time.sleep(0.5)
-        assert httpx.get(f"{url}/readyz", timeout=30).json()["status"] == "ready"
+        assert httpx.get(f"{url}/readyz", timeout=30).json()["status"] == "ready"  # open, as /healthz
         with ThreadPoolExecutor(max_workers=16) as pool:
-            replies = list(pool.map(lambda s: httpx.post(f"{url}/v1/translate", json={"text": [s]}, timeout=120),
-                                    sentences))
+            replies = list(pool.map(lambda s: httpx.post(f"{url}/v1/translate", json={"text": [s]}, headers=auth,
+                                                         timeout=120), sentences))
         assert [r.status_code for r in replies] == [200] * len(sentences)
         assert [r.json()["translations"][0][0]["text"] for r in replies] == want
-        bad = httpx.post(f"{url}/v1/translate", json={"ids": [[5, 999, 3]]}, timeout=30)
+        bad = httpx.post(f"{url}/v1/translate", json={"ids": [[5, 999, 3]]}, headers=auth, timeout=30)
         assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]
+        for headers in ({}, {"Authorization": f"Bearer {key[:-1]}"}):
+            refused = httpx.post(f"{url}/v1/translate", json={"text": ["seven"]}, headers=headers, timeout=30)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
         text = (tmp_path / "serve.log").read_text()
+        assert key[:-1] not in text
         replicas = {line.split("pid=")[1].split(")")[0] for line in text.splitlines()
                     if "ServeReplica" in line and "POST /v1/translate 200" in line}
         assert len(replicas) == 2, "requests did not reach both replicas"
@@ -67,3 +89,4 @@ def test_ray_serve_replicas_answer_like_the_python_runtime(demo_artifact, tmp_pa
             raise
         log.close()
     assert code == 0, (tmp_path / "serve.log").read_text()[-3000:]
+    assert key[:-1] not in (tmp_path / "serve.log").read_text()

@@ -4,22 +4,33 @@
     GET  /healthz        alive          GET /readyz   model loaded and taking requests
     GET  /metrics        Prometheus text format      GET /openapi.json, /docs
 
-Bad JSON or fields: 400; too many sentences or characters: 413; queue full or draining: 503 with
-Retry-After. The model is opened in the app's lifespan, so the same app runs under uvicorn (`serve`) and as
-a Ray Serve ingress (`twostep.serving.ray_app`). On SIGTERM uvicorn stops accepting, answers what is in
-flight, then the lifespan closes the translator.
+Bad JSON or fields: 400; too many sentences or characters: 413; queue full or shutting down: 503 with
+Retry-After. With API keys (`read_api_keys`) every path but /healthz, /readyz, the API docs and (unless
+`protect_metrics`) /metrics needs `Authorization: Bearer KEY`: 401 otherwise. The model is opened in the
+app's lifespan, so the same app runs under uvicorn (`serve`) and as a Ray Serve ingress
+(`twostep.serving.ray_app`). On SIGTERM `serve` first drains for `shutdown_delay_s`, if given: /readyz
+answers 503 at once while requests are still answered, so that load balancers stop sending them here; then
+uvicorn stops accepting, answers what is in flight, and the lifespan closes the translator. A second
+SIGTERM or Ctrl-C skips the delay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
+import os
+import signal
+import sys
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -33,14 +44,16 @@ from prometheus_client import (
     generate_latest,
 )
 from pydantic import BaseModel, ConfigDict, Field
+from uvicorn.config import STARTUP_FAILURE
 
-from twostep.errors import BadInput, Overloaded, TwostepError
+from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
 from twostep.runtime.decoding import DecodeOptions
 from twostep.serving.engine import Metrics
 from twostep.serving.executor import batching_advice, open_batching_translator
 from twostep.serving.limits import BatchLimits
 
 log = logging.getLogger("twostep.serving")
+API_KEYS_ENV = "TWOSTEP_API_KEYS"  # keys separated by commas, beside or instead of a key file
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,41 @@ class ServeConfig:
     max_sentences: int = 64  # per request
     max_chars: int = 20_000  # per request, all sentences together
     retry_after_s: int = 1
+    api_key_digests: tuple[bytes, ...] = field(default=(), repr=False)  # read_api_keys'; () is an open server
+    protect_metrics: bool = False  # /metrics needs a key too
+
+    def __post_init__(self):
+        if self.protect_metrics and not self.api_key_digests:
+            raise TwostepError(f"protecting /metrics needs API keys: give a key file (--api-key-file, api_key_file=) "
+                               f"or set {API_KEYS_ENV}")
+
+
+def read_api_keys(path: Optional[Path] = None) -> tuple[bytes, ...]:
+    """The SHA-256 digests of the API keys in `path` (one a line; blank lines and # comments ignored) and in
+    the environment variable TWOSTEP_API_KEYS (separated by commas); () when neither is given: an open server.
+    Digests, not keys, go into ServeConfig, which travels to Ray replicas. A file or variable that is given but
+    holds no key is an error, not an open server. No message quotes the file's text."""
+    keys = []
+    if path is not None:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise TwostepError(f"API key file {path}: {exc.strerror or exc}; give a readable file, "
+                               "one key a line") from None
+        except UnicodeDecodeError:
+            raise TwostepError(f"API key file {path} is not UTF-8 text; give one key a line") from None
+        found = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        if not found:
+            raise TwostepError(f"API key file {path} holds no key; give one key a line (blank lines and # comments "
+                               "are ignored)")
+        keys += found
+    value = os.environ.get(API_KEYS_ENV)
+    if value is not None:
+        found = [key.strip() for key in value.split(",") if key.strip()]
+        if not found:
+            raise TwostepError(f"{API_KEYS_ENV} is set but holds no key; give keys separated by commas, or unset it")
+        keys += found
+    return tuple(hashlib.sha256(key.encode()).digest() for key in keys)
 
 
 class TranslateRequest(BaseModel):
@@ -167,6 +215,7 @@ def build_app(config: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="twostep", summary="Encoder-decoder Transformer translation (two ONNX graphs, KV cache).",
                   version="1", lifespan=lifespan)
+    app.state.draining = False  # set by `serve` on SIGTERM: /readyz answers 503, requests are still answered
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -179,7 +228,15 @@ def build_app(config: ServeConfig) -> FastAPI:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors())
         return error(400, f"bad request: {problems}")
 
-    app.add_middleware(RequestLog)
+    if config.api_key_digests:
+        def refused(path: str) -> None:
+            if path == "/v1/translate":
+                metrics.requests.labels("401").inc()
+
+        open_paths = {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+        app.add_middleware(RequireKey, digests=config.api_key_digests, refused=refused,
+                           open_paths=open_paths if config.protect_metrics else open_paths | {"/metrics"})
+    app.add_middleware(RequestLog)  # added last, so outermost: it logs the 401s too
 
     @app.post("/v1/translate", response_model=TranslateResponse,
               responses={400: {"description": "Bad JSON, fields or input"}, 413: {"description": "Too large"},
@@ -187,6 +244,8 @@ def build_app(config: ServeConfig) -> FastAPI:
     async def translate(body: TranslateRequest, request: Request):
         started = time.perf_counter()
         response = await answer(body, request)
+        if app.state.draining:  # a client (or load balancer) that keeps its connection open reconnects elsewhere
+            response.headers["Connection"] = "close"
         metrics.requests.labels(str(response.status_code)).inc()
         metrics.latency.observe(time.perf_counter() - started)
         return response
@@ -214,6 +273,8 @@ def build_app(config: ServeConfig) -> FastAPI:
             future = translator.submit_ids(sources, options, body.tgt_lang)
         except Overloaded as exc:
             return error(503, str(exc), **busy)
+        except TooLarge as exc:  # beyond --max-request-work
+            return error(413, str(exc))
         except BadInput as exc:
             return error(400, str(exc))
         try:
@@ -238,6 +299,8 @@ def build_app(config: ServeConfig) -> FastAPI:
     async def readyz():
         if not state.get("ready"):
             return error(503, "not ready")
+        if app.state.draining:
+            return error(503, "draining: shutting down soon")
         return {"status": "ready", "backend": state["backend"].name}
 
     @app.get("/metrics")
@@ -271,6 +334,34 @@ class RequestLog:
                      1000 * (time.perf_counter() - started))
 
 
+class RequireKey:
+    """401 (with `WWW-Authenticate: Bearer`) for a request without `Authorization: Bearer KEY` of one of the
+    server's keys, on every path but `open_paths`; plain ASGI, so that no body is read first. The digest of
+    the key sent is compared with every key's, each in constant time and with no early exit: the time taken
+    tells neither whether nor which key matched. `refused(path)` is called for each 401."""
+
+    def __init__(self, app, digests: tuple[bytes, ...], open_paths: set[str], refused: Callable[[str], None]):
+        self.app, self.digests, self.open_paths, self.refused = app, digests, open_paths, refused
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, root = scope["path"], scope.get("root_path", "")
+        path = path[len(root):] if root and path.startswith(root) else path  # as routed (Ray: under a prefix)
+        if path in self.open_paths or self.allowed(dict(scope["headers"]).get(b"authorization", b"")):
+            return await self.app(scope, receive, send)
+        self.refused(path)
+        response = error(401, "unauthorized: send the header Authorization: Bearer KEY, with a key of this server",
+                         **{"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
+
+    def allowed(self, header: bytes) -> bool:
+        scheme, _, key = header.strip().partition(b" ")
+        digest = hashlib.sha256(key.strip()).digest()
+        matches = [hmac.compare_digest(digest, known) for known in self.digests]  # all of them, always
+        return scheme.lower() == b"bearer" and any(matches)
+
+
 async def until_disconnected(pending: asyncio.Future, request: Request, poll_s: float = 0.05):
     """The result of `pending`, or None (and `pending` cancelled) once the client has disconnected."""
     while True:
@@ -282,13 +373,53 @@ async def until_disconnected(pending: asyncio.Future, request: Request, poll_s: 
             return None
 
 
-def serve(config: ServeConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Run the server until SIGINT or SIGTERM; in-flight requests are answered before it exits."""
-    import uvicorn
+class DrainingServer(uvicorn.Server):
+    """uvicorn's Server with a drain before it closes. On the first SIGTERM `draining()` is called (the app's
+    /readyz answers 503 from then on) and the listener stays open, answering requests, for `delay_s`, while
+    load balancers take this server out of their lists; then uvicorn's shutdown: it stops accepting, answers
+    what is in flight, closes the app. A second SIGTERM or a SIGINT (Ctrl-C) ends the delay at once; a SIGINT
+    during the shutdown stops waiting for requests in flight. Unlike uvicorn's Server it does not raise the
+    signal again once done: a server that stopped as asked exits 0."""
 
+    def __init__(self, config: uvicorn.Config, delay_s: float, draining: Callable[[], None]):
+        super().__init__(config)
+        self.delay_s, self.draining = delay_s, draining
+        self.drain_until: Optional[float] = None
+        self.drain_logged = False
+
+    def handle_exit(self, sig: int, frame) -> None:  # a signal handler: sets flags, logs nothing
+        if sig == signal.SIGTERM and self.delay_s > 0 and self.drain_until is None and not self.should_exit:
+            self.drain_until = time.monotonic() + self.delay_s
+            self.draining()
+        elif self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:  # every 0.1 s
+        if self.drain_until is not None and not self.drain_logged:
+            self.drain_logged = True
+            log.info("draining: /readyz answers 503; requests are answered for %g s more, then the listener closes "
+                     "(SIGTERM again or Ctrl-C: now)", self.delay_s)
+        if self.drain_until is not None and time.monotonic() >= self.drain_until:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def serve(config: ServeConfig, host: str = "127.0.0.1", port: int = 8000, shutdown_delay_s: float = 0) -> None:
+    """Run the server until SIGINT or SIGTERM; in-flight requests are answered before it exits. On SIGTERM,
+    `shutdown_delay_s` of draining first (DrainingServer)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    uvicorn.run(build_app(config), host=host, port=port, log_level="info", access_log=False,
-                timeout_graceful_shutdown=60)
+    app = build_app(config)
+    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
+                                           timeout_graceful_shutdown=60),
+                            shutdown_delay_s, draining=lambda: setattr(app.state, "draining", True))
+    try:
+        server.run()
+    except KeyboardInterrupt:  # as uvicorn.run does
+        pass
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
 
 
-__all__ = ["ServeConfig", "build_app", "serve"]
+__all__ = ["API_KEYS_ENV", "ServeConfig", "build_app", "read_api_keys", "serve"]
