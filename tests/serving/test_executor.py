@@ -8,6 +8,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from twostep.artifact import load_artifact
@@ -27,18 +28,23 @@ from twostep.verify import test_sources as split_sources
 
 class Recorder:
     """A step session that records every step's rows, can hold the worker inside a step (`gate`), and calls
-    `hook(steps so far)` in each step, in the worker's thread."""
+    `hook(steps so far)` in each step, in the worker's thread. It keeps its own ledger of what each row holds
+    (its sentence's source tokens, 0 when free), from the calls the batch makes: `loads` has each step's rows
+    that hold a sentence and their source tokens summed (source tokens x beam, what the cross K/V holds)."""
 
     def __init__(self, inner):
-        self.inner, self.rows, self.hook = inner, [], None
+        self.inner, self.rows, self.loads, self.hook = inner, [], [], None
+        self.lengths = np.zeros(0, np.int64)  # each row's source tokens; 0: free
         self.gate, self.stepped = threading.Event(), threading.Semaphore(0)
         self.gate.set()
 
     def start(self, input_ids, attention_mask):
         self.inner.start(input_ids, attention_mask)
+        self.lengths = attention_mask.sum(1)
 
     def step(self, input_ids):
         self.rows.append(input_ids.shape[0])
+        self.loads.append((int((self.lengths > 0).sum()), int(self.lengths.sum())))
         if self.hook is not None:
             self.hook(len(self.rows))
         self.stepped.release()
@@ -47,12 +53,16 @@ class Recorder:
 
     def reorder(self, origin, cache_only=False):
         self.inner.reorder(origin, cache_only)
+        self.lengths = self.lengths[origin]
 
     def admit(self, input_ids, attention_mask, sources, rows):
         self.inner.admit(input_ids, attention_mask, sources, rows)
+        self.lengths = np.concatenate([self.lengths, np.zeros(max(rows.max() + 1 - len(self.lengths), 0), np.int64)])
+        self.lengths[rows] = attention_mask.sum(1)[sources]
 
     def release(self, rows):
         self.inner.release(rows)
+        self.lengths[rows] = 0
 
     def claimed(self):
         return self.inner.claimed()
@@ -256,6 +266,69 @@ def test_batches_respect_the_token_and_row_budgets(demo, sentences):
         list(pool.map(lambda s: ex.translate([s], DecodeOptions(beam_size=2)), sentences[:24]))
     assert all(rows <= 8 for _, rows in metrics.batches)
     assert max(rows for _, rows in metrics.batches) > 2
+
+
+def decoding(ex, source, beam, limit):
+    """Queue one sentence that decodes exactly `limit` steps (suppress_eos) with `beam` beams."""
+    return ex.submit_ids([source], DecodeOptions(beam_size=beam, suppress_eos=True, max_new_tokens=limit))
+
+
+def joined_after(session, future, limit, joins, key) -> None:
+    """Once `future` (one sentence of `limit` steps) is answered, joins[key]: the steps its batch ran before it
+    joined (answered at the step it was done, in the worker's thread)."""
+    future.add_done_callback(lambda _: joins.setdefault(key, len(session.rows) - limit))
+
+
+@pytest.mark.parametrize("rows, tokens", [(8, 10_000), (64, 120)], ids=["row-budget", "token-budget"])
+def test_a_running_batch_keeps_its_budgets_at_every_step_and_takes_sentences_in_arrival_order(
+        demo, test_sentences, rows, tokens):
+    """16 sentences of beams 4, 1 and 2 arrive while a beam-4 sentence decodes: they join as rows free up, in
+    the order they came, and at no step does the batch hold more than max_batch_rows rows (sentences x beam)
+    or max_batch_tokens source tokens x beam, as the session's own ledger of its rows counts them."""
+    ex, session, metrics = make(demo, max_wait_ms=0, max_batch_rows=rows, max_batch_tokens=tokens)
+    sources = ex.encode(test_sentences[:17])
+    assert max(map(len, sources)) * 4 <= tokens  # each fits an empty batch: no step may go over
+    beams, limits = [4, 1, 2] * 6, [4 + 3 * (n % 5) for n in range(16)]  # they leave at different steps
+    late, joins = [], {}
+
+    def arrive(steps):  # in the worker, inside step 2
+        if steps == 2:
+            for n in range(16):
+                late.append(decoding(ex, sources[n + 1], beams[n], limits[n]))
+                joined_after(session, late[-1], limits[n], joins, n)
+
+    session.hook = arrive
+    with ex:
+        first = decoding(ex, sources[0], 4, 30)
+        results = [first.result(60)] + [f.result(60) for f in late]
+    assert [len(r[0][0].tokens) for r in results] == [30, *limits]
+    assert [live for live, _ in session.loads] == metrics.steps  # the ledger counts the rows the engine counts
+    over = [(step, live, held) for step, (live, held) in enumerate(session.loads, 1) if live > rows or held > tokens]
+    assert not over, f"(step, rows, source tokens x beam) over the budget of {rows} rows, {tokens} tokens: {over}"
+    assert max(session.rows) <= rows  # free rows included: what the backend was sized for
+    order = [joins[n] for n in range(16)]
+    assert order == sorted(order), f"steps run before each joined, in arrival order: {order}"
+    assert order[0] == 2 < order[-1]  # the first joined at once; the budget held the last back
+
+
+def test_a_sentence_that_does_not_fit_is_not_overtaken_by_later_ones_that_would(demo, test_sentences):
+    """A beam-4 sentence waits for rows a running batch does not have: a beam-1 sentence that came after it
+    and would fit waits behind it rather than join first (a big sentence is not starved by small ones)."""
+    ex, session, _ = make(demo, max_wait_ms=0, max_batch_rows=4)
+    sources = ex.encode(test_sentences[:3])
+    late, joins = [], {}
+
+    def arrive(steps):  # in the worker, inside step 2: 2 of 4 rows are taken
+        if steps == 2:
+            for key, beam in (("big", 4), ("small", 1)):
+                late.append(decoding(ex, sources[len(late) + 1], beam, 5))
+                joined_after(session, late[-1], 5, joins, key)
+
+    session.hook = arrive
+    with ex:
+        decoding(ex, sources[0], 2, 20).result(60)
+        assert all(f.result(60) for f in late)
+    assert joins == {"big": 20, "small": 25}  # once the first left, then once the big one left
 
 
 def test_the_worker_starts_in_start_not_when_it_is_made(demo):
