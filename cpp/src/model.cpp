@@ -12,10 +12,15 @@
 #include <string>
 
 #include "decoding.h"
+#include "providers.h"
 #include "twostep/twostep.h"
 
 namespace twostep {
 namespace fs = std::filesystem;
+
+std::vector<std::pair<std::string, std::string>> detail::cuda_provider_options() {
+  return {{"device_id", "0"}, {"use_tf32", "0"}};
+}
 
 namespace {
 // The headers' C API version must be one the library serves (a newer library serves every older version).
@@ -95,17 +100,20 @@ Ort::SessionOptions session_options(const Options& o) {
                   "); link a GPU build: cpp/fetch_deps.sh with PYTHON set to an interpreter that has "
                   "onnxruntime-gpu, or configure with -DONNXRUNTIME_ROOT=<a GPU release of ONNX Runtime>");
     }
-    // The V2 options, for use_tf32: the provider runs fp32 MatMuls on TF32 tensor cores by default, ~1e-3
-    // off the fp32 the artifact was validated in.
+    // The V2 options, for use_tf32 (detail::cuda_provider_options).
     ort_errors("provider cuda", [&] {
       const OrtApi& api = Ort::GetApi();
       OrtCUDAProviderOptionsV2* cuda = nullptr;
       Ort::ThrowOnError(api.CreateCUDAProviderOptions(&cuda));
       std::unique_ptr<OrtCUDAProviderOptionsV2, void (*)(OrtCUDAProviderOptionsV2*)> owned(
           cuda, [](OrtCUDAProviderOptionsV2* p) { Ort::GetApi().ReleaseCUDAProviderOptions(p); });
-      const char* keys[] = {"device_id", "use_tf32"};
-      const char* values[] = {"0", "0"};
-      Ort::ThrowOnError(api.UpdateCUDAProviderOptions(cuda, keys, values, 2));
+      const auto options = detail::cuda_provider_options();
+      std::vector<const char*> keys, values;
+      for (const auto& [key, value] : options) {
+        keys.push_back(key.c_str());
+        values.push_back(value.c_str());
+      }
+      Ort::ThrowOnError(api.UpdateCUDAProviderOptions(cuda, keys.data(), values.data(), keys.size()));
       so.AppendExecutionProvider_CUDA_V2(*cuda);
     });
   } else if (o.provider != "cpu") {

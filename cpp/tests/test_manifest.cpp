@@ -1,5 +1,5 @@
-// Unit tests of the manifest reader, the tokenizer, the decoding loop (on a scripted StepSession) and the
-// numpy-compatible sum, on small artifact directories made here.
+// Unit tests of the manifest reader, the tokenizer, the decoding loop (on a scripted StepSession), the
+// numpy-compatible sum and the CUDA provider's options, on small artifact directories made here.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "decoding.h"
+#include "providers.h"
 #include "twostep/twostep.h"
 
 namespace fs = std::filesystem;
@@ -544,4 +545,11 @@ TEST_CASE("beam search: transformers' stopping rule keeps beam_size finished hyp
   CHECK(hf[0].size() == 1);  // n_best of the beam_size kept
   CHECK(hf[0][0].tokens == twostep::Ids{4});
   CHECK(hf[0][0].score == doctest::Approx((log_softmax(s[0], 4) + log_softmax(s[1], kEos)) / 2).epsilon(1e-12));
+}
+
+TEST_CASE("cuda provider options: device 0, TF32 off") {
+  // What provider "cuda" gives OrtCUDAProviderOptionsV2, each key once: without use_tf32=0 the provider runs
+  // fp32 MatMuls in TF32 (its default), ~1e-3 off what the artifact was validated in.
+  using Options = std::vector<std::pair<std::string, std::string>>;
+  CHECK(twostep::detail::cuda_provider_options() == Options{{"device_id", "0"}, {"use_tf32", "0"}});
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -185,6 +186,15 @@ def test_fetch_deps_brings_the_gpu_wheels_provider_libraries_and_drops_stale_one
     cpu = fetch(fake_wheel(tmp_path / "cpu", ["shared"]))
     assert "libonnxruntime_providers_cuda.so" not in cpu and "libonnxruntime_providers_tensorrt.so" not in cpu
     assert "libonnxruntime_providers_shared.so" in cpu
+
+
+def test_cpp_cuda_provider_runs_fp32_with_tf32_off(cpp_build):
+    """The options the library gives ONNX Runtime's CUDA provider, read without a GPU by their doctest case
+    (cpp/tests/test_manifest.cpp): use_tf32=0, as the Python ort-cuda backend."""
+    proc = subprocess.run([str(cpp_build / "twostep-tests"), "--test-case=cuda provider options*"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"test cases:\s*1 \|\s*1 passed \|\s*0 failed", proc.stdout), proc.stdout
 
 
 def test_cpp_unit_tests(cpp_build):

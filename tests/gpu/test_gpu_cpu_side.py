@@ -1,10 +1,13 @@
 """What a first run on a GPU would break, held on the CPU (issue 10): TF32, one engine profile derived from the
-model, rows beyond the profile, ort-trt that silently is CUDA, per-graph TensorRT provider options, the reorder
-Gather's IR version, beam reorder work, empty-tensor addresses, install order.
+model, rows beyond the profile, ort-trt that silently is CUDA or opens an engine cache twostep did not record,
+per-graph TensorRT provider options, the reorder Gather's IR version, beam reorder work, empty-tensor
+addresses, threads on one trt backend, stream order, install order.
 
-TensorRT itself is replaced by tests/fake_tensorrt.py: it records flags, profiles and addresses, returns False
-from set_input_shape outside the profile like TensorRT, and runs each engine's graph with ONNX Runtime on the
-CPU at the addresses it is given, so the trt backend's own binding code decodes real tokens here.
+TensorRT itself is replaced by tests/fake_tensorrt.py: it records flags, profiles, addresses and the stream
+of each enqueue, returns False from set_input_shape outside the profile like TensorRT, refuses a second thread
+inside one execution context's call, and runs each engine's graph with ONNX Runtime on the CPU at the
+addresses it is given, so the trt backend's own binding code decodes real tokens here. ONNX Runtime's GPU
+providers are checked where their options arrive: a spy on `onnxruntime.InferenceSession` (`opened`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,10 +24,10 @@ import onnxruntime as ort
 import pytest
 
 from search import SPECIALS, beam_search, greedy
-from twostep.artifact import load_artifact
-from twostep.errors import BackendUnavailable, BadInput
+from twostep.artifact import load_artifact, record_ledger
+from twostep.errors import BackendUnavailable, BadArtifact, BadInput
 from twostep.runtime import backends, decoding
-from twostep.runtime.backends.ort import OrtBackend, OrtCudaBackend, OrtTrtBackend
+from twostep.runtime.backends.ort import OrtBackend, OrtTrtBackend
 from twostep.runtime.backends.profile import Profile
 
 COMMON = dict(specials=SPECIALS)
@@ -31,6 +36,9 @@ SOURCES = [[5, 9, 13, 7, 3], [11, 3], [8, 8, 21, 33, 40, 12, 6, 3]]
 
 @pytest.fixture()
 def fake_trt(monkeypatch):
+    """The stand-in TensorRT, with its stand-in CUDA stream in place of torch's."""
+    import torch
+
     import fake_tensorrt
     from twostep.runtime.backends import trt
 
@@ -39,7 +47,39 @@ def fake_trt(monkeypatch):
     monkeypatch.setattr(trt, "gpu_name", lambda: "Fake GPU 80GB")
     monkeypatch.setattr(trt.TrtBackend, "device", "cpu")
     monkeypatch.setattr(trt.TrtBackend, "unavailable", classmethod(lambda cls: None))
+    monkeypatch.setattr(trt.TrtBackend, "new_stream", lambda self: fake_tensorrt.Stream())
+    monkeypatch.setattr(torch.cuda, "stream", fake_tensorrt.stream)
     return fake_tensorrt
+
+
+@pytest.fixture()
+def opened(monkeypatch):
+    """Each ONNX Runtime session opened from here on: (the graph file's name, or an array graph's kind, and
+    the providers it was asked for as [(name, options)]). Each opens for real on the CPU provider; ONNX
+    Runtime lists the GPU providers as available."""
+    real = ort.InferenceSession
+    sessions: list[tuple[str, list]] = []
+
+    def spy(model, sess_options=None, providers=None, provider_options=None, **kwargs):
+        asked = [(p, {}) if isinstance(p, str) else (p[0], dict(p[1])) for p in providers or []]
+        if provider_options is not None:
+            asked = [(name, dict(options)) for (name, _), options in zip(asked, provider_options)]
+        what = Path(model).name if isinstance(model, (str, Path)) else onnx.load_from_string(model).graph.name
+        sessions.append((what, asked))
+        return real(model, sess_options, providers=["CPUExecutionProvider"], **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [
+        "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    return sessions
+
+
+def graph_sessions(opened) -> dict[str, list]:
+    return {what: providers for what, providers in opened if what.endswith(".onnx")}
+
+
+def array_sessions(opened) -> list[tuple[str, list]]:
+    return [(what, providers) for what, providers in opened if not what.endswith(".onnx")]
 
 
 @pytest.fixture()
@@ -71,16 +111,20 @@ def test_fp32_engines_build_with_tf32_off_and_tf32_is_an_opt_in_precision(fake_t
     assert records == ["tf32", "tf32"]
 
 
-def test_onnx_runtime_cuda_runs_fp32_with_tf32_off(demo_artifact):
-    artifact = load_artifact(demo_artifact)
-    cuda = OrtCudaBackend(artifact)
-    assert cuda.provider_list("decoder")[0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
-    assert cuda.precision == "fp32"
-    opted = OrtCudaBackend(artifact, tf32=True)
-    assert opted.provider_list("decoder")[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
-    assert opted.precision == "tf32"
+@pytest.mark.parametrize("tf32", [False, True])
+def test_onnx_runtime_cuda_sessions_open_with_tf32_off_unless_asked(opened, demo_artifact, tf32):
+    """What reaches InferenceSession, for both graphs and for the IO-binding session's array graphs."""
+    with backends.create("ort-cuda", artifact=load_artifact(demo_artifact), tf32=tf32) as backend:
+        assert backend.precision == ("tf32" if tf32 else "fp32")
+        backend.session()
+    cuda = ("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"})
+    assert graph_sessions(opened) == {"encoder.onnx": [cuda, ("CPUExecutionProvider", {})],
+                                      "decoder.onnx": [cuda, ("CPUExecutionProvider", {})]}
+    arrays = array_sessions(opened)
+    assert sorted(what for what, _ in arrays) == ["pad", "pad", "put", "put", "take", "take"]  # float32, int64
+    assert all(providers == [cuda] for _, providers in arrays)
     # ORT's TensorRT provider has no TF32 switch, so its fp32 runs are held to the tf32 tolerances
-    assert OrtTrtBackend(artifact).precision == "tf32"
+    assert OrtTrtBackend(load_artifact(demo_artifact)).precision == "tf32"
 
 
 # -- 2. One profile, derived once ---------------------------------------------------------------------------
@@ -211,22 +255,61 @@ def test_ort_trt_that_falls_back_to_cuda_is_unavailable(demo_copy, monkeypatch):
         backends.create("ort-trt", artifact=load_artifact(demo_copy))
 
 
-# -- 5. TensorRT provider options per graph -----------------------------------------------------------------
-def test_ort_trt_options_name_each_graph_input_once_and_the_cache_exists(demo_copy):
+def test_ort_trt_refuses_an_engine_cache_it_did_not_record_before_onnx_runtime_opens_it(opened, demo_copy):
+    """ONNX Runtime's TensorRT provider deserializes whatever engines its cache directory holds: one that
+    twostep did not record (planted, or changed since) is refused at load, before any session opens it, and
+    the refusal records nothing, so the next load refuses it too."""
     artifact = load_artifact(demo_copy)
-    backend = OrtTrtBackend(artifact)
+    cache, ledger = demo_copy / "engines" / "ort-trt", demo_copy / "engines" / "ort-trt.sha256.json"
+    cache.mkdir(parents=True, exist_ok=True)
+    planted = cache / "TensorrtExecutionProvider_TRTKernel_graph_main_0_0.engine"
+    planted.write_bytes(b"an engine twostep did not build")
+    for attempt in range(2):
+        with pytest.raises(BadArtifact) as refused:
+            backends.create("ort-trt", artifact=artifact)
+        assert str(refused.value) == (f"{planted}: not in ort-trt.sha256.json with this sha256 (the engine cache "
+                                      "holds a file that twostep did not record, or it changed); delete "
+                                      f"{cache} to rebuild"), attempt
+        assert opened == [] and not ledger.exists(), attempt
+    record_ledger(cache)  # as after a run in which ONNX Runtime built it
+    with pytest.raises(BackendUnavailable):  # past the ledger: the sessions open (on the CPU here)
+        backends.create("ort-trt", artifact=artifact)
+    assert set(graph_sessions(opened)) == {"encoder.onnx", "decoder.onnx"}
+    opened.clear()
+    planted.write_bytes(b"the same name, changed since it was recorded")
+    with pytest.raises(BadArtifact, match=r"TRTKernel_graph_main_0_0.engine: not in ort-trt.sha256.json with this"):
+        backends.create("ort-trt", artifact=artifact)
+    assert opened == []
+
+
+# -- 5. TensorRT provider options per graph -----------------------------------------------------------------
+def test_ort_trt_sessions_open_with_each_graphs_profile_and_the_cache(opened, demo_copy):
+    """What reaches InferenceSession: the TensorRT provider with the engine cache and the profile, each graph
+    input named once, the CUDA provider with TF32 off after it; the array graphs on the CUDA provider only."""
+    from twostep.runtime.backends.iobinding import IoBindingSession
+
+    artifact = load_artifact(demo_copy)
     profile = Profile.derive(artifact.config)
+    with pytest.raises(BackendUnavailable, match="did not start its TensorRT provider"):  # CPU here
+        backends.create("ort-trt", artifact=artifact)
+    cache = demo_copy / "engines" / "ort-trt"
+    cuda = ("CUDAExecutionProvider", {"use_tf32": "0"})
+    sessions = graph_sessions(opened)
+    assert set(sessions) == {"encoder.onnx", "decoder.onnx"}
     for graph, spec in artifact.graphs.items():
-        trt, cuda, cpu = backend.provider_list(graph)
-        assert trt[0] == "TensorrtExecutionProvider" and cuda == ("CUDAExecutionProvider", {"use_tf32": "0"})
+        (name, trt), *rest = sessions[f"{graph}.onnx"]
+        assert name == "TensorrtExecutionProvider" and rest == [cuda, ("CPUExecutionProvider", {})]
+        assert (trt["trt_engine_cache_enable"], trt["trt_engine_cache_path"], trt["trt_fp16_enable"]) == (
+            True, str(cache), False)
         for k, key in enumerate(("trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes")):
-            entries = [e.split(":") for e in trt[1][key].split(",")]
+            entries = [e.split(":") for e in trt[key].split(",")]
             assert [name for name, _ in entries] == spec.input_names  # each input once, this graph's only
             assert [tuple(map(int, dims.split("x"))) for _, dims in entries] == [
                 profile.shapes(t.shape)[k] for t in spec.inputs]
-    cache = demo_copy / "engines" / "ort-trt"
-    assert trt[1]["trt_engine_cache_path"] == str(cache) and cache.is_dir()
-    assert backend.gather_providers() == [("CUDAExecutionProvider", {"use_tf32": "0"})]  # no TensorRT
+    assert cache.is_dir()
+    opened.clear()
+    IoBindingSession(OrtTrtBackend(artifact), "cuda", profile=profile)  # the ort-trt step session's array graphs
+    assert len(opened) == 6 and all(providers == [cuda] for _, providers in array_sessions(opened))  # no TensorRT
 
 
 # -- 6. The array graphs' IR version ------------------------------------------------------------------------
@@ -317,7 +400,106 @@ def test_trt_step_stops_at_max_positions_like_the_host_session(fake_trt, demo_co
             session.step(np.array([[4, 4]]))
 
 
-# -- 10. Install order --------------------------------------------------------------------------------------
+# -- 9. Threads on one trt backend ---------------------------------------------------------------------------
+def test_trt_threads_take_turns_on_each_execution_context(fake_trt, demo_copy):
+    """docs/guarantees.md "Threads": Backend.run and step sessions from many threads on one trt backend give
+    what they give alone. An execution context holds one call's shapes and addresses from set_input_shape to
+    the enqueue; the stand-in refuses a second thread in between (TensorRT would mix the two calls)."""
+    from twostep.runtime.backends.trt import TrtBackend
+
+    rng = np.random.default_rng(0)
+    feeds = [{"input_ids": rng.integers(4, 200, (b, s)), "attention_mask": np.ones((b, s), np.int64)}
+             for b, s in [(1, 3), (2, 9), (3, 5), (4, 2)]]
+    with TrtBackend(load_artifact(demo_copy)) as backend:
+        alone = [(backend.run("encoder", f), greedy(backend.session(), SOURCES[i % 3:], max_new_tokens=6, **COMMON))
+                 for i, f in enumerate(feeds)]
+        together, errors = {}, []
+
+        def work(i: int) -> None:
+            try:
+                together[i] = (backend.run("encoder", feeds[i]),
+                               greedy(backend.session(), SOURCES[i % 3:], max_new_tokens=6, **COMMON))
+            except Exception as exc:  # reported below, with the thread's index
+                errors.append((i, repr(exc)))
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(feeds))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert [c for c in fake_trt.calls if c[0] == "overlap"] == [] and errors == []
+    assert len(together) == len(feeds)
+    for i, (encoded, tokens) in enumerate(alone):
+        got_encoded, got_tokens = together[i]
+        assert got_tokens == tokens, i
+        assert encoded.keys() == got_encoded.keys() and all(np.array_equal(encoded[k], got_encoded[k]) for k in encoded)
+
+
+# -- 10. Stream order -----------------------------------------------------------------------------------------
+def device_work(backend, session) -> list[tuple[str, object]]:
+    """From here on, each device copy (upload, download), allocation (empty) and row move (take, pad, put) of
+    the backend and the session, with the stream that was current when it ran."""
+    import fake_tensorrt
+
+    work = []
+
+    def watch(owner, name: str) -> None:
+        original = getattr(owner, name)
+
+        def call(*args, **kwargs):
+            work.append((name, fake_tensorrt.current_stream()))
+            return original(*args, **kwargs)
+
+        setattr(owner, name, call)
+
+    for name in ("upload", "download", "empty"):
+        watch(backend, name)
+    for name in ("take", "pad", "put"):
+        watch(session.rows.ops, name)
+    return work
+
+
+def test_every_device_copy_of_the_trt_backend_runs_on_its_stream(fake_trt, demo_copy):
+    """On a GPU, work queued on another stream than the engines' races with them: a row moved on the default
+    stream while the engine still writes the cache. Each call of the session (and the backend's run and
+    execute) is made here, with the device work it did and the stream it did it on: all on the backend's,
+    and every enqueue given the backend's stream."""
+    from twostep.runtime.backends.trt import TrtBackend
+
+    with TrtBackend(load_artifact(demo_copy)) as backend:
+        session = backend.session()
+        work = device_work(backend, session)
+        ids, mask = np.array([[8, 8, 21, 33, 40, 12, 6, 3], [11, 3, 0, 0, 0, 0, 0, 0]]), np.ones((2, 8), np.int64)
+        mask[1, 2:] = 0
+        one, two = np.array([[4], [4]]), np.array([[4], [4], [4]])
+        calls = {
+            "start": lambda: session.start(ids, mask),
+            "step": lambda: session.step(one),
+            "admit": lambda: session.admit(np.array([[5, 9, 3]]), np.ones((1, 3), np.int64), np.array([0]),
+                                           np.array([2])),
+            "reorder": lambda: session.reorder(np.array([2, 1, 0])),
+            "step again": lambda: session.step(two),
+            "release": lambda: session.release(np.array([2])),  # the 8-token source leaves: its columns are cut
+            "run": lambda: backend.run("encoder", {"input_ids": ids, "attention_mask": mask}),
+            "execute": lambda: backend.execute("encoder", {"input_ids": backend.torch.from_numpy(ids),
+                                                           "attention_mask": backend.torch.from_numpy(mask)}),
+        }
+        done = {}
+        for name, call in calls.items():
+            before = len(work)
+            call()
+            done[name] = work[before:]
+        assert session.rows.tensors["encoder_attention_mask"].shape[1] == 3  # the release did cut
+        stream = backend.stream
+    assert all(done.values()), [name for name, w in done.items() if not w]  # each call did device work
+    off = {name: [what for what, s in w if s is not stream] for name, w in done.items()}
+    assert off == {name: [] for name in calls}, "device work outside the backend's stream"
+    enqueues = [c[3] for c in fake_trt.calls if c[0] == "execute"]
+    assert len(enqueues) >= 6 and set(enqueues) == {stream.cuda_stream}
+
+
+# -- 11. Install order --------------------------------------------------------------------------------------
 def test_both_onnxruntime_wheels_installed_is_diagnosed_with_the_fix(monkeypatch):
     from twostep.runtime.backends import ort as ort_backend
 

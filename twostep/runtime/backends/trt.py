@@ -8,7 +8,8 @@ matches. fp32 engines are built with TF32 off (TensorRT turns it on by default, 
 ~1e-3 off eager PyTorch); `tf32=True` opts in and is recorded as precision "tf32".
 Execution uses TensorRT's tensor-address API (`set_input_shape`, `set_tensor_address`, `execute_async_v3`)
 on one CUDA stream; device buffers are torch CUDA tensors shared with the decoding
-loop, and the KV cache never leaves the GPU. Written for TensorRT 10 and 11.
+loop, and the KV cache never leaves the GPU. Every device copy, row move and allocation of the backend and
+its sessions runs on that stream too (`on_stream`), in order with the engines. Written for TensorRT 10 and 11.
 
 Imported only when the trt backend is chosen.
 """
@@ -185,19 +186,35 @@ class TrtBackend(Backend):
                 raise BadArtifact(f"{plan}: TensorRT cannot deserialize this engine; delete it to rebuild")
             self.engines[graph] = engine
             self.contexts[graph] = engine.create_execution_context()
-        self.stream = torch.cuda.Stream() if self.device == "cuda" else None
+        self.stream = self.new_stream()
         # TensorRT wants a non-null address for every tensor, distinct per tensor, even an empty one (the
         # first step's past_len 0 cache): each empty input or output gets its own one-element buffer.
-        self.placeholders = {(graph, t.name): torch.empty(1, device=self.device)
-                             for graph, spec in self.graphs.items() for t in (*spec.inputs, *spec.outputs)}
+        with self.on_stream():
+            self.placeholders = {(graph, t.name): self.empty((1,), torch.float32)
+                                 for graph, spec in self.graphs.items() for t in (*spec.inputs, *spec.outputs)}
         self.lock = threading.Lock()  # an execution context runs one call at a time: threads take turns
 
+    def new_stream(self):
+        """The CUDA stream of the engines and of every device copy; None on "cpu" (tests give a stand-in)."""
+        return self.torch.cuda.Stream() if self.device == "cuda" else None
+
     def on_stream(self):
+        """torch's device work in the block (copies, row moves, allocations) goes on the backend's stream, in
+        order with the engines' enqueues; a buffer allocated there is reused only after the stream's earlier
+        work. Every call of the backend and its sessions that touches the device runs in one."""
         return self.torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
-    def synchronize(self) -> None:
-        if self.stream is not None:
-            self.stream.synchronize()
+    # The device copies and allocations, each on the current stream (call them in `on_stream`).
+    def upload(self, array: np.ndarray):
+        """A host array on the device: always a copy, since a session writes into its rows."""
+        return self.torch.from_numpy(np.array(array, order="C")).to(self.device)
+
+    def download(self, value) -> np.ndarray:
+        """A device tensor on the host as float32; it waits for the stream's work on it."""
+        return value.float().cpu().numpy()
+
+    def empty(self, shape, dtype):
+        return self.torch.empty(shape, dtype=dtype, device=self.device)
 
     def torch_dtype(self, graph: str, name: str):
         trt = import_trt()
@@ -210,7 +227,7 @@ class TrtBackend(Backend):
 
     def execute(self, graph: str, inputs: dict) -> dict:
         """Run one engine on device tensors (torch CUDA), returning device tensors."""
-        with self.lock:
+        with self.lock, self.on_stream():
             return self._execute(graph, inputs)
 
     def _execute(self, graph: str, inputs: dict) -> dict:
@@ -224,7 +241,7 @@ class TrtBackend(Backend):
         outputs = {}
         for t in spec.outputs:
             shape = tuple(context.get_tensor_shape(t.name))
-            out = self.torch.empty(shape, dtype=self.torch_dtype(graph, t.name), device=self.device)
+            out = self.empty(shape, self.torch_dtype(graph, t.name))
             outputs[t.name] = out
             context.set_tensor_address(t.name, self.address(graph, t.name, out))
         handle = self.stream.cuda_stream if self.stream is not None else 0
@@ -242,12 +259,9 @@ class TrtBackend(Backend):
         raise BadInput(f"{where}TensorRT refused shape {list(shape)} (profile {asdict(self.profile)})")
 
     def _run(self, graph: str, feeds: Feeds) -> Feeds:
-        t = self.torch
         with self.on_stream():
-            inputs = {k: t.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feeds.items()}
-            outputs = self.execute(graph, inputs)
-        self.synchronize()
-        return {k: v.float().cpu().numpy() for k, v in outputs.items()}
+            outputs = self.execute(graph, {k: self.upload(v) for k, v in feeds.items()})
+            return {k: self.download(v) for k, v in outputs.items()}
 
     def session(self) -> TrtSession:
         self.load()
@@ -261,7 +275,7 @@ class TrtBackend(Backend):
 class TrtSession(RowSession):
     """The decoding loop's view: KV cache, cross K/V and mask stay on the GPU (torch tensors, with the row
     bookkeeping of the RowSession base); token ids and lengths go up, the last position's logits come down; rows
-    move on the device (beam reorder, sentences joining a running batch), on the backend's stream."""
+    move on the device (beam reorder, sentences joining a running batch, rows leaving), on the backend's stream."""
 
     def __init__(self, backend: TrtBackend):
         self.backend, self.torch = backend, backend.torch
@@ -269,27 +283,28 @@ class TrtSession(RowSession):
                          max_width=backend.profile.max_new_tokens - 1)
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: int) -> dict:
-        b, t = self.backend, self.torch
+        b = self.backend
         b.check_inputs("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
         b.profile.check({"batch": rows, "src_len": input_ids.shape[1]})
-        mask = t.from_numpy(np.array(attention_mask)).to(b.device)
-        enc = b.execute("encoder", {"input_ids": t.from_numpy(input_ids).to(b.device), "attention_mask": mask})
+        mask = b.upload(attention_mask)
+        enc = b.execute("encoder", {"input_ids": b.upload(input_ids), "attention_mask": mask})
         return {MASK: mask, **{s.name: enc[present_name(s.name)] for s in self.decoder.past_cross}}
 
     def empty_cache(self, batch: int) -> dict:
         b = self.backend
-        return {s.name: self.torch.empty(s.concrete(batch=batch, past_len=0), dtype=b.torch_dtype("decoder", s.name),
-                                         device=b.device) for s in self.decoder.past_self}
+        return {s.name: b.empty(s.concrete(batch=batch, past_len=0), b.torch_dtype("decoder", s.name))
+                for s in self.decoder.past_self}
 
     def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
-        b, t, rows = self.backend, self.torch, self.rows
+        b, rows = self.backend, self.rows
         b.profile.check({"batch": rows.rows, "past_len": rows.past_len, "new_len": input_ids.shape[1]})
-        out = b.execute("decoder", {"input_ids": t.from_numpy(input_ids).to(b.device),
-                                    "past_lengths": t.from_numpy(rows.lengths.copy()).to(b.device), **rows.tensors})
+        out = b.execute("decoder", {"input_ids": b.upload(input_ids), "past_lengths": b.upload(rows.lengths),
+                                    **rows.tensors})
         presents = {s.name: out[present_name(s.name)] for s in self.decoder.past_self}
-        return out["logits"][:, -1].float().cpu().numpy(), presents
+        return b.download(out["logits"][:, -1]), presents
 
-    # Every call runs on the backend's stream: the rows' indices live on the stream that reads them.
+    # Every call that touches the device runs on the backend's stream: uploads, row moves (a leaving row can
+    # cut the cache), the engines, downloads.
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
         with self.backend.on_stream():
             super().start(input_ids, attention_mask)
@@ -297,6 +312,10 @@ class TrtSession(RowSession):
     def admit(self, input_ids: np.ndarray, attention_mask: np.ndarray, sources: np.ndarray, rows: np.ndarray) -> None:
         with self.backend.on_stream():
             super().admit(input_ids, attention_mask, sources, rows)
+
+    def release(self, rows: np.ndarray) -> None:
+        with self.backend.on_stream():
+            super().release(rows)
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
         with self.backend.on_stream():
