@@ -1,6 +1,7 @@
 """Artifact trust: every file the runtime opens is listed and hashed, and every name stays inside the artifact.
-Each crafted artifact is refused by Python and by C++ with the same message; a well-formed one with ONNX
-external data loads in both and decodes as before. Built engines are checked against their own records."""
+Each crafted artifact is refused by Python (always) and by C++ (where it builds) with the same message; a
+well-formed one with ONNX external data loads in both and decodes as before, its data hashed like any listed
+file. Built engines are checked against their own records."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import onnx
 import pytest
 
 from cpp_helpers import translate_cpp
-from twostep.artifact import check_ledger, load_artifact, record_ledger, sha256_file
+from twostep.artifact import check_ledger, record_ledger, sha256_file
 from twostep.errors import BadArtifact
 from twostep.runtime.backends.trt import read_engine, write_engine
 from twostep.runtime.translator import open_translator
@@ -48,6 +49,20 @@ def to_external_data(art, location="decoder.data"):
                     entry.value = location
         onnx.save(model, str(art / "decoder.onnx"))
         shutil.move(art / "decoder.data", art / location)
+
+
+def flip_byte(path, offset=100):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+def changed(name):
+    def damage(art, tmp_path):
+        flip_byte(art / name)
+    return damage
 
 
 def unlisted(name):
@@ -90,6 +105,8 @@ def external_escapes(art, tmp_path):
 
 
 CASES = {
+    "graph changed": (changed("decoder.onnx"), "decoder.onnx: sha256 does not match manifest.json"),
+    "tokenizer changed": (changed("tokenizer.model"), "tokenizer.model: sha256 does not match manifest.json"),
     "graph not listed": (unlisted("decoder.onnx"), "decoder.onnx is not listed in 'files' with its sha256"),
     "tokenizer not listed": (unlisted("tokenizer.model"), "tokenizer.model is not listed in 'files' with its sha256"),
     "name with ..": (dotdot_name, "file name '../x.onnx' must be a plain relative path inside the artifact"),
@@ -101,26 +118,32 @@ CASES = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", CASES)
-def test_python_and_cpp_refuse_the_same_artifacts(case, demo_artifact, tmp_path, cpp_build):
+def crafted(case, demo_artifact, tmp_path):
+    """A copy of the demo artifact damaged as CASES[case] says."""
     art = tmp_path / "art"
     shutil.copytree(demo_artifact, art)
-    damage, message = CASES[case]
-    damage(art, tmp_path)
+    CASES[case][0](art, tmp_path)
+    return art
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_python_refuses_the_crafted_artifacts(case, demo_artifact, tmp_path):
+    art = crafted(case, demo_artifact, tmp_path)
     with pytest.raises(BadArtifact) as info:
         open_translator(art)
-    assert message in str(info.value)
-    proc = translate_cpp(cpp_build, art, SENTENCES)
-    assert proc.returncode == 1 and proc.stdout == ""
-    assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+    assert CASES[case][1] in str(info.value)
 
 
 @pytest.mark.slow
-def test_listed_external_data_loads_and_decodes_the_same_in_python_and_cpp(demo_artifact, tmp_path, cpp_build):
-    translator, backend = open_translator(demo_artifact)
-    with backend:
-        expected = translator.translate(SENTENCES)
+@pytest.mark.parametrize("case", CASES)
+def test_cpp_refuses_the_crafted_artifacts_with_the_same_message(case, demo_artifact, tmp_path, cpp_build):
+    proc = translate_cpp(cpp_build, crafted(case, demo_artifact, tmp_path), SENTENCES)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("error: ") and CASES[case][1] in proc.stderr, proc.stderr
+
+
+def with_listed_external_data(demo_artifact, tmp_path):
+    """A copy of the demo artifact whose decoder keeps its weights in a listed, hashed external-data file."""
     art = tmp_path / "art"
     shutil.copytree(demo_artifact, art)
     to_external_data(art)
@@ -128,18 +151,30 @@ def test_listed_external_data_loads_and_decodes_the_same_in_python_and_cpp(demo_
     manifest["files"]["decoder.data"] = ""
     relist(art, manifest)
     assert (art / "decoder.data").stat().st_size > (art / "decoder.onnx").stat().st_size
+    return art
+
+
+def translations(art):
     translator, backend = open_translator(art)
     with backend:
-        assert translator.translate(SENTENCES) == expected
+        return translator.translate(SENTENCES)
+
+
+def test_listed_external_data_loads_decodes_the_same_and_is_hashed(demo_artifact, tmp_path):
+    art = with_listed_external_data(demo_artifact, tmp_path)
+    assert translations(art) == translations(demo_artifact)
+    flip_byte(art / "decoder.data")
+    with pytest.raises(BadArtifact, match="decoder.data: sha256 does not match"):
+        open_translator(art)
+
+
+@pytest.mark.slow
+def test_cpp_loads_listed_external_data_decodes_the_same_and_hashes_it(demo_artifact, tmp_path, cpp_build):
+    art = with_listed_external_data(demo_artifact, tmp_path)
     proc = translate_cpp(cpp_build, art, SENTENCES)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == expected
-    # and its hash is checked like any other listed file
-    with open(art / "decoder.data", "r+b") as f:
-        f.seek(100)
-        f.write(b"\x7f")
-    with pytest.raises(BadArtifact, match="decoder.data: sha256 does not match"):
-        load_artifact(art)
+    assert proc.stdout.splitlines() == translations(demo_artifact)
+    flip_byte(art / "decoder.data")
     assert "decoder.data: sha256 does not match" in translate_cpp(cpp_build, art, SENTENCES).stderr
 
 
