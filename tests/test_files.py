@@ -162,3 +162,33 @@ def test_train_keeps_an_interrupted_run_unless_told(tmp_path):
     assert_user_error(twostep("train", "--preset", "tiny", "--steps", "1", "--out", tmp_path / "ck"),
                       "--resume", "--force")
     assert (state / "state.json").read_text() == "{}"
+
+
+def test_an_output_is_published_readable_by_others_whatever_the_umask(tmp_path, tiny_ckpt):
+    """A temporary directory is made private (mkdtemp: 0o700); the published one is 0o755, as `mkdir` would make
+    it, so that a server running as another user can read the artifact."""
+    out = tmp_path / "art"
+    old = os.umask(0o077)
+    try:
+        twostep("init", "--preset", "tiny", "--vocab", "50", "--out", out)
+    finally:
+        os.umask(old)
+    assert (out.stat().st_mode & 0o777) == 0o755
+
+
+@pytest.mark.parametrize("problem", ["not JSON", "not UTF-8", "unreadable"])
+def test_a_json_file_that_cannot_be_read_is_named_with_the_reason(tmp_path, problem):
+    from twostep.errors import BadArtifact
+    from twostep.files import read_json
+
+    file = tmp_path / "manifest.json"
+    if problem == "unreadable":
+        file.mkdir()  # reading a directory: IsADirectoryError, an OSError
+        expected = f"{file}: cannot read it (Is a directory)"
+    else:
+        file.write_bytes(b'{"schema": 3,' if problem == "not JSON" else b'{"name": "\xff"}')
+        expected = f"{file}: not valid JSON ("
+    with pytest.raises(BadArtifact) as caught:
+        read_json(file, BadArtifact)
+    assert str(caught.value).startswith(expected)
+    assert ("line 1 column" in str(caught.value)) == (problem == "not JSON")  # the parser's own words, kept
