@@ -192,3 +192,39 @@ def test_a_json_file_that_cannot_be_read_is_named_with_the_reason(tmp_path, prob
         read_json(file, BadArtifact)
     assert str(caught.value).startswith(expected)
     assert ("line 1 column" in str(caught.value)) == (problem == "not JSON")  # the parser's own words, kept
+
+
+def test_a_file_written_atomically_is_whole_or_untouched(tmp_path, monkeypatch):
+    from twostep.files import write_file_atomic
+
+    file = tmp_path / "ledger.json"
+    write_file_atomic(file, b"old")
+    write_file_atomic(file, b"new contents")
+    assert file.read_bytes() == b"new contents"
+
+    def no_space(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError, match="No space"):
+        write_file_atomic(file, b"half")
+    assert file.read_bytes() == b"new contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json"]  # no temporary file left
+
+
+def test_an_os_error_while_writing_is_one_line_naming_the_output_and_the_file():
+    from pathlib import Path
+
+    from twostep.errors import OutputError
+    from twostep.files import os_errors
+
+    out = Path("/srv/art")
+    with pytest.raises(OutputError) as caught, os_errors(out):
+        raise PermissionError(13, "Permission denied", "/srv/art/.tmp/encoder.onnx")
+    assert str(caught.value) == "cannot write /srv/art: /srv/art/.tmp/encoder.onnx: Permission denied"
+    with pytest.raises(OutputError) as caught, os_errors(out):
+        raise PermissionError(13, "Permission denied", "/srv/art")  # the output itself: named once
+    assert str(caught.value) == "cannot write /srv/art: Permission denied"
+    with pytest.raises(OutputError) as caught, os_errors(out):
+        raise OSError("no strerror")
+    assert str(caught.value) == "cannot write /srv/art: no strerror"
