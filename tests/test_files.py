@@ -228,3 +228,26 @@ def test_an_os_error_while_writing_is_one_line_naming_the_output_and_the_file():
     with pytest.raises(OutputError) as caught, os_errors(out):
         raise OSError("no strerror")
     assert str(caught.value) == "cannot write /srv/art: no strerror"
+
+
+def test_every_file_and_directory_of_an_output_is_synced_before_it_is_renamed_in(tmp_path, monkeypatch):
+    """fsync of each file, then of each directory, then the rename: after a power loss the output is whole or
+    absent. A spy on os.fsync names what each call synced (through /proc/self/fd)."""
+    from twostep.files import OutputKind, output_directory
+
+    kind = OutputKind("thing", "marker.json", lambda path: {p.name for p in path.iterdir()})
+    synced, real_fsync, real_rename = [], os.fsync, os.rename
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
+    renamed = []
+    monkeypatch.setattr(os, "rename", lambda a, b: (renamed.append((list(synced), str(b))), real_rename(a, b)))
+    out = tmp_path / "out"
+    with output_directory(out, kind) as tmp:
+        (tmp / "marker.json").write_text("{}")
+        (tmp / "engines").mkdir()
+        (tmp / "engines" / "plan.bin").write_bytes(b"x")
+        tmp_name = tmp.name
+    synced_before, target = next(r for r in renamed if r[1] == str(out))
+    staged = tmp_path / tmp_name
+    assert {str(staged / "marker.json"), str(staged / "engines" / "plan.bin"), str(staged),
+            str(staged / "engines")} <= set(synced_before)
+    assert str(tmp_path) in synced  # the parent, after the rename: the new name is durable
