@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := twostep/demo/model
 
-.PHONY: setup test demo clean cpp cpp-bench
+.PHONY: setup test demo clean cpp cpp-bench mutation
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,17 @@ test: setup
 	$(BIN)/lint-imports
 	$(BIN)/ruff check twostep tests benchmarks scripts
 	$(BIN)/python -m pytest
+
+# Mutation testing (docs/testing.md): hours on 2 cores, so neither `make test` nor CI runs it. SCOPES=files runs
+# one scope of pyproject.toml's [tool.mutmut.scopes]; results and reports land in mutants/.
+MUTATION_STAMP := $(VENV)/.mutation-stamp
+
+$(MUTATION_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,mutation]"
+	touch $(MUTATION_STAMP)
+
+mutation: $(MUTATION_STAMP)
+	$(BIN)/python scripts/mutation $(SCOPES)
 
 ART := artifacts/demo
 
