@@ -267,3 +267,18 @@ def test_a_directory_that_is_not_an_output_is_refused_showing_what_it_holds(tmp_
     with pytest.raises(OutputError) as caught:
         check_target(out, ARTIFACT, force=True)
     assert f"is not a twostep artifact (it holds {shown}); twostep never replaces" in str(caught.value)
+
+
+def test_an_output_holding_files_twostep_did_not_write_is_refused_naming_them(tmp_path, tiny_artifact):
+    from twostep.artifact.store import ARTIFACT
+    from twostep.errors import OutputError
+    from twostep.files import check_target
+
+    out = tmp_path / "art"
+    shutil.copytree(tiny_artifact[0], out)
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt", "e.txt", "f.txt"):
+        (out / name).write_text("mine")
+    with pytest.raises(OutputError) as caught:
+        check_target(out, ARTIFACT, force=True)
+    assert str(caught.value) == (f"{out} is a twostep artifact but also holds files twostep did not write (a.txt, "
+                                 "b.txt, c.txt, d.txt, e.txt); move them out first, or choose another --out")
