@@ -206,6 +206,14 @@ def paths(node, prefix=()):
 OPS = ["delete", "replace", "rename", "move", "add"]
 
 
+def mutated(original: dict, data) -> dict:
+    """A copy of `original` with one to three mutations drawn from `data`."""
+    manifest = copy.deepcopy(original)
+    for _ in range(data.draw(st.integers(1, 3))):
+        manifest = mutate(manifest, data)
+    return manifest
+
+
 def mutate(manifest, data):
     """Delete, replace or rename one node anywhere in the manifest, or replace the whole of it; or change it
     in ways that must not matter: move a key to the end of its object, add a field unknown to this twostep."""
@@ -259,9 +267,7 @@ def test_mutated_manifests_are_loaded_or_refused_with_bad_artifact_only(fuzz_art
     @settings(max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
     @given(st.data())
     def prop(data):
-        manifest = copy.deepcopy(original)
-        for _ in range(data.draw(st.integers(1, 3))):
-            manifest = mutate(manifest, data)
+        manifest = mutated(original, data)
         (art / "manifest.json").write_text(json.dumps(manifest))
         harmless, incomplete = loads_as_written(manifest, original), refused_for_sure(manifest)
         try:
@@ -360,9 +366,7 @@ def test_cpp_reads_the_same_mutated_manifests_without_crashing(fuzz_art, cpp_bui
     @settings(max_examples=30, deadline=None, derandomize=True, database=None)
     @given(st.data())
     def run(data):
-        manifest = copy.deepcopy(original)
-        for _ in range(data.draw(st.integers(1, 3))):
-            manifest = mutate(manifest, data)
+        manifest = mutated(original, data)
         (art / "manifest.json").write_text(json.dumps(manifest))
         proc = translate_cpp(cpp_build, art, ["one"])
         assert proc.returncode in (0, 1), proc.stderr[-2000:]
