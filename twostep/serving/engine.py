@@ -171,9 +171,9 @@ class BatchingEngine:
         return len(self.waiting)
 
     def submit(self, sources: Sequence[Sequence[int]], options: DecodeOptions,
-               max_new_tokens: Callable[[list[int]], int], prefix: Sequence[int] = ()) -> Future:
+               max_new_tokens: Sequence[int], prefix: Sequence[int] = ()) -> Future:
         """Queue one request of checked sentences; its future's result is their n-best hypotheses, in order.
-        `max_new_tokens(ids)`: how far a sentence decodes (a BadInput from it queues nothing); `prefix`: tokens
+        `max_new_tokens`: how far each sentence decodes (checked by the caller); `prefix`: tokens
         forced after the decoder's start (Entry.prefix: requests to different target languages share batches).
         Cancel the future to drop its rows. Raises BadInput for more sentences than may wait, and Overloaded when
         the queue cannot take them now."""
@@ -184,7 +184,7 @@ class BatchingEngine:
         if not sources:
             request.future.set_result([])
             return request.future
-        limits = [max_new_tokens(ids) for ids in request.sources]  # BadInput before queueing
+        limits = list(map(int, max_new_tokens))
         now = time.monotonic()
         with self.cond:
             if self.closed:

@@ -59,15 +59,15 @@ class BatchingTranslator:
         if not isinstance(options, DecodeOptions):
             raise TypeError(f"options must be DecodeOptions, got {type(options).__name__}")
         self.translator.check_ids(sources)
-        self.admit(sources, options)
-        return self.engine.submit(sources, options, lambda ids: self.new_tokens(ids, options),
-                                  self.translator.prefix(tgt_lang))
+        new_tokens = [self.new_tokens(ids, options) for ids in sources]
+        self.admit(options.beam_size, new_tokens)
+        return self.engine.submit(sources, options, new_tokens, self.translator.prefix(tgt_lang))
 
-    def admit(self, sources: Sequence[Sequence[int]], options: DecodeOptions) -> None:
+    def admit(self, beam: int, new_tokens: Sequence[int]) -> None:
         """Refuse, before it is queued, a request beyond BatchLimits' admission limits: a beam above max_beam
-        or wider than a batch (max_batch_rows), a max_new_tokens above the limit (new_tokens), or more work,
-        sentences x beam x new tokens, than max_request_work (TooLarge)."""
-        limits, beam = self.engine.limits, options.beam_size
+        or wider than a batch (max_batch_rows), or more work, beam x its sentences' new tokens, than
+        max_request_work (TooLarge). (A max_new_tokens above its limit was refused by new_tokens.)"""
+        limits = self.engine.limits
         if beam > limits.max_beam:
             raise BadInput(f"beam size {beam} is above the limit of {limits.max_beam} (max_beam; twostep serve "
                            "--max-beam): ask for a smaller beam")
@@ -75,7 +75,7 @@ class BatchingTranslator:
             raise BadInput(f"beam size {beam} takes {beam} rows of one batch, which holds {limits.max_batch_rows} "
                            f"(max_batch_rows; twostep serve --max-batch-rows; the beam limit max_beam is "
                            f"{limits.max_beam}): ask for a smaller beam")
-        tokens = sum(self.new_tokens(ids, options) for ids in sources)
+        tokens = sum(new_tokens)
         if beam * tokens > limits.max_request_work:
             raise TooLarge(f"the request's work (beam x new tokens, summed over its sentences) is {beam} x {tokens} "
                            f"= {beam * tokens}, above the limit of {limits.max_request_work} (max_request_work; "
