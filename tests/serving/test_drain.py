@@ -22,13 +22,13 @@ DELAY = 4.0
 
 @pytest.fixture(scope="module")
 def heavy():
-    """Requests of a second or so with --max-batch-rows 4 (8 sentences at beam 4 decode one at a time, without
-    eos): `heavy(tokens)`, `tokens` per sentence."""
+    """Requests that decode one sentence at a time with --max-batch-rows 4 (beam 4, without eos), so that they
+    last `sentences` x `tokens` steps: `heavy(tokens, sentences=8)`."""
     from twostep.model.tasks import get_task
 
-    sentences = [source for source, _ in get_task("numbers-en-de").split("test")][:64]
-    return lambda tokens: {"text": sorted(sentences, key=len)[-8:], "beam": 4, "suppress_eos": True,
-                           "max_new_tokens": tokens}
+    longest = sorted((source for source, _ in get_task("numbers-en-de").split("test")), key=len)[-8:]
+    return lambda tokens, sentences=8: {"text": [longest[i % 8] for i in range(sentences)], "beam": 4,
+                                        "suppress_eos": True, "max_new_tokens": tokens}
 
 
 def attempt(method, url, **kw):
@@ -59,12 +59,17 @@ def refused_at(url, deadline: float) -> float:
 def test_drain_answers_requests_through_the_delay_then_closes_and_finishes_those_in_flight(demo_artifact, heavy):
     with server(demo_artifact, "--shutdown-delay", DELAY, "--max-batch-rows", 4) as (url, proc):
         assert httpx.get(f"{url}/readyz").status_code == 200
+
+        def translate(tokens, sentences=8):  # (status, Connection header)
+            status, headers = attempt("POST", f"{url}/v1/translate", json=heavy(tokens, sentences))
+            return status, headers and headers.get("connection")
+
+        started = time.monotonic()
+        assert translate(40)[0] == 200  # 320 steps: this machine's step time sizes the last request
+        step_s = (time.monotonic() - started) / 320
+        late_sentences = min(160, max(8, round(8.0 / (step_s * 100))))  # about 8 s of steps; 160 x 4 x 100 < work cap
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-
-        def translate(tokens):  # (status, Connection header)
-            status, headers = attempt("POST", f"{url}/v1/translate", json=heavy(tokens))
-            return status, headers and headers.get("connection")
 
         def client():  # requests one after another, all sent within the delay
             sent = []
@@ -80,7 +85,7 @@ def test_drain_answers_requests_through_the_delay_then_closes_and_finishes_those
                 assert attempt("GET", f"{url}/healthz")[0] == 200  # alive: nothing for a liveness probe to kill
                 time.sleep(0.1)
             time.sleep(max(0.0, signalled + DELAY - 0.5 - time.monotonic()))
-            late = pool.submit(translate, 100)  # 800 steps, behind those of the other requests
+            late = pool.submit(translate, 100, late_sentences)  # behind the steps of the other requests
             time.sleep(0.7)  # past the delay, and past uvicorn's 0.1 s tick
             closed = refused_at(url, signalled + DELAY + 20)
             late_in_flight = not late.done()
