@@ -14,7 +14,10 @@ search results are.
 
 Batch 1 is bound by reading the decoder's weights once a step: the bandwidth probe (numpy reductions over
 256 MB in as many threads as the engines get, before and after the engines run) gives the floor, weight
-bytes / bandwidth, and the table reads batch-1 steps as multiples of it.
+bytes / bandwidth, and the table reads batch-1 steps as multiples of it. Batched steps are bound by the
+decoder's weight products instead: ONNX Runtime times those products alone at batch x beam rows, after the
+engines (twostep.bench.gemm_floor: the fp32 decoder's for fp32 engines, the int8 decoder's for int8 ones,
+CTranslate2's included), and the table reads batched steps as multiples of that GEMM floor.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +36,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from twostep.bench import (
+    Floor,
     Result,
     Workload,
+    add_gemm_floors,
     make_sources,
     measure,
     memory_bandwidth_gbs,
@@ -196,23 +202,33 @@ def main(argv: list[str] | None = None) -> int:
                 r.backend = names.get(key, r.backend)
                 (grown if key.startswith("growth") else results).append(r)
     bandwidth.append(memory_bandwidth_gbs(t))
+    floors = add_gemm_floors(results, lambda r: floor_graph(r.backend, paths), t)
     weights = {"twostep ort-cpu fp32": weight_bytes_per_step(paths["fp32"] / "decoder_inplace.onnx"),
                "twostep ort-cpu int8": weight_bytes_per_step(paths["int8"] / "decoder_inplace.onnx")}
     weights["twostep ort-cpu fp32, plain decoder"] = weight_bytes_per_step(paths["fp32"] / "decoder.onnx")
-    report(results, workloads, grown, growth, bandwidth, weights, args)
+    report(results, workloads, grown, growth, bandwidth, weights, floors, args)
     return 0
 
 
+def floor_graph(engine: str, paths: dict[str, Path]) -> Path:
+    """The decoder whose weight products are an engine's GEMM floor: the plain decoder for the plain-decoder
+    row, the in-place decoder of the engine's dtype for every other (the same model's products)."""
+    if engine.endswith("plain decoder"):
+        return paths["fp32"] / "decoder.onnx"
+    return paths["int8" if "int8" in engine else "fp32"] / "decoder_inplace.onnx"
+
+
 def report(results: list[Result], workloads: list[Workload], grown: list[Result], growth: list[Workload],
-           bandwidth: list[float], weights: dict[str, int], args) -> None:
+           bandwidth: list[float], weights: dict[str, int], floors: dict[tuple[Path, int], Floor], args) -> None:
     ref = {r.workload: r for r in results if r.backend == "ctranslate2 float32"}
     gbs = float(np.median(bandwidth))
     lines = ["| engine | workload | ms per decode step | tokens/s | p50 request ms | encoder ms | peak RSS MB | "
-             "tokens/s vs CTranslate2 fp32 | batch 1: step / weight-read floor |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "tokens/s vs CTranslate2 fp32 | batch 1: step / weight-read floor | batched: GEMM floor ms | "
+             "GEMM floor GFLOP/s | batched: step / GEMM floor |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     table = Table(title="base model, CPU, EOS suppressed")
     for col in ("engine", "workload", "ms/step", "tokens/s", "p50 ms", "encoder ms", "peak RSS MB", "vs ct2 fp32",
-                "vs floor"):
+                "vs floor", "GEMM floor ms", "GFLOP/s", "vs GEMM floor"):
         table.add_column(col, justify="left" if col in ("engine", "workload") else "right")
     for w in workloads:
         for r in (r for r in results if r.workload == w):
@@ -220,8 +236,10 @@ def report(results: list[Result], workloads: list[Workload], grown: list[Result]
             floor = "-"
             if w.batch == 1 and w.beam == 1 and r.backend in weights:
                 floor = f"{r.ms_per_step / (weights[r.backend] / gbs / 1e6):.2f}x"
+            gemm = (["-"] * 3 if r.gemm_floor_ms is None else
+                    [f"{r.gemm_floor_ms:.2f}", f"{r.gemm_gflops:.1f}", f"{r.step_vs_gemm_floor:.2f}x"])
             row = [r.backend, w.label, f"{r.ms_per_step:.2f}", f"{r.tokens_per_s:,.0f}",
-                   f"{r.latency_ms['p50']:.0f}", f"{r.encoder_ms:.1f}", f"{r.peak_rss_mb:,.0f}", ratio, floor]
+                   f"{r.latency_ms['p50']:.0f}", f"{r.encoder_ms:.1f}", f"{r.peak_rss_mb:,.0f}", ratio, floor, *gemm]
             table.add_row(*row)
             lines.append("| " + " | ".join(row) + " |")
     Console(width=220).print(table)
@@ -231,6 +249,10 @@ def report(results: list[Result], workloads: list[Workload], grown: list[Result]
               + ", ".join(f"{name.replace('twostep ort-cpu ', '')} {b / 1e6:.1f} MB (floor {b / gbs / 1e6:.2f} ms)"
                           for name, b in weights.items()) + "."]
     console.print(lines[-1])
+    for (graph, rows), f in floors.items():
+        lines += ["", f"GEMM floor of {graph.parent.name}/{graph.name} at {rows} rows (ONNX Runtime, {args.threads} "
+                      f"threads): {f.ms:.2f} ms, {f.flops / 1e9:.2f} GFLOP, {f.gflops:.1f} GFLOP/s; {f.rates()}."]
+        console.print(lines[-1])
     by_length = {(r.backend, r.workload.new_tokens): r for r in grown}
     if by_length:
         first, last = growth[0].new_tokens, growth[-1].new_tokens
@@ -246,6 +268,9 @@ def report(results: list[Result], workloads: list[Workload], grown: list[Result]
     if args.json:
         meta = {"python": sys.version.split()[0], "machine": platform.processor() or platform.machine(),
                 "bandwidth_gbs": bandwidth, "weight_bytes_per_step": weights,
+                "gemm_floors": [{"graph": str(graph), "rows": rows, "ms": f.ms, "flops": f.flops, "gflops": f.gflops,
+                                 "products": [{**asdict(p), "ms": ms} for p, ms in f.timed]}
+                                for (graph, rows), f in floors.items()],
                 "args": {k: str(v) for k, v in vars(args).items()}}
         args.json.write_text(json.dumps({"meta": meta, "results": [r.to_dict() for r in results],
                                      "growth": [r.to_dict() for r in grown]}, indent=2))

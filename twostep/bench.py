@@ -3,6 +3,9 @@ backends do equal work.
 
 Each backend runs in its own child process, so that its load time and peak RSS are its own and one
 backend's allocations do not slow the next; the parent shows progress and gathers the results.
+
+A batched step is bound by its weight products: the parent times ONNX Runtime on those products alone (the
+GEMM floor, `gemm_floor`) and reads each batched ort-cpu step as a multiple of it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import multiprocessing
 import queue
 import resource
 import signal
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +50,9 @@ class Result:
     iters: int = 0
     error: str | None = None  # the backend could not run here, and why
     decoder: str | None = None  # the decoder graph the backend chose (decoder, decoder_inplace)
+    gemm_floor_ms: float | None = None  # batched ort-cpu rows: the step's weight products alone (gemm_floor)
+    gemm_gflops: float | None = None  # the rate of those products that the floor implies
+    step_vs_gemm_floor: float | None = None  # ms_per_step / gemm_floor_ms
 
     def to_dict(self) -> dict:
         return {**asdict(self), "workload": asdict(self.workload)}
@@ -97,6 +105,125 @@ def weight_bytes_per_step(graph_file: Path) -> int:
              for t in model.graph.initializer}
     read = {name for node in model.graph.node if node.op_type != "Gather" for name in node.input if name in sizes}
     return sum(sizes[name] for name in read)
+
+
+INT8_PRODUCTS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+WEIGHT_PRODUCTS = ("MatMul", "Gemm", *INT8_PRODUCTS)
+
+
+@dataclass(frozen=True)
+class Product:
+    """`count` products of (rows, k) activations by a (k, n) weight, int8 or float."""
+
+    k: int
+    n: int
+    count: int = 1
+    int8: bool = False
+
+
+def gemm_products(graph_file: Path) -> list[Product]:
+    """The weight products of one step of this graph, one Product per distinct (k, n, int8): its MatMuls and
+    Gemms, quantized or not, whose weight is an initializer, directly or through Transpose, Cast or
+    DequantizeLinear. Attention's products of two activations are not weight products."""
+    import onnx
+
+    graph = onnx.load(str(graph_file), load_external_data=False).graph
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    producer = {name: node for node in graph.node for name in node.output}
+
+    def attrs(node) -> dict:
+        return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+    def weight(name: str) -> list[int] | None:  # the weight's shape as the product reads it; None: an activation
+        if name in dims:
+            return dims[name]
+        node = producer.get(name)
+        if node is None or node.op_type not in ("Transpose", "Cast", "DequantizeLinear"):
+            return None
+        shape = weight(node.input[0])
+        if shape is None or node.op_type != "Transpose":
+            return shape
+        return [shape[i] for i in attrs(node).get("perm", range(len(shape) - 1, -1, -1))]
+
+    counts: Counter = Counter()
+    for node in graph.node:
+        shape = weight(node.input[1]) if node.op_type in WEIGHT_PRODUCTS else None
+        if shape is None or len(shape) != 2:
+            continue
+        k, n = shape[::-1] if node.op_type == "Gemm" and attrs(node).get("transB") else shape
+        counts[k, n, node.op_type in INT8_PRODUCTS] += 1
+    return [Product(k, n, count, int8) for (k, n, int8), count in counts.items()]
+
+
+@dataclass(frozen=True)
+class Floor:
+    """ONNX Runtime's time for a step's weight products alone at `rows` rows: each product with the median ms
+    of one of them."""
+
+    rows: int
+    timed: tuple[tuple[Product, float], ...]
+
+    @property
+    def ms(self) -> float:
+        return sum(p.count * ms for p, ms in self.timed)
+
+    @property
+    def flops(self) -> int:
+        return sum(2 * self.rows * p.k * p.n * p.count for p, _ in self.timed)
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / self.ms / 1e6
+
+    def rates(self) -> str:
+        """Each product's rate, e.g. `512x2048 fp32 x6: 95.1 GFLOP/s`."""
+        return ", ".join(f"{p.k}x{p.n} {'int8' if p.int8 else 'fp32'} x{p.count}: "
+                         f"{2 * self.rows * p.k * p.n / ms / 1e6:.1f} GFLOP/s" for p, ms in self.timed)
+
+
+def gemm_floor(products: list[Product], rows: int, threads: int | None = 2, repeats: int = 10,
+               warmup: int = 2) -> Floor:
+    """Time each product in this process as a one-node ONNX model: a (rows, k) input by a random (k, n)
+    initializer, for int8 quantized as the exporter quantizes (quantize_int8). Sessions as ort-cpu opens them
+    (all graph optimizations, which fuse the int8 ops; `threads` intra-op threads, None: ONNX Runtime's
+    default), except that pool threads keep spinning between runs, as they do between a step's operators.
+    Float weights are timed as fp32. A weight that fits in the caches stays there between repeats: at a few
+    rows, where a step is bound by reading its weights, this floor can be below the weight-read one."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from twostep.exporter.quantize import quantize_int8
+    from twostep.runtime.backends.ortlib import import_ort
+
+    ort = import_ort()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.log_severity_level = 3
+    rng = np.random.default_rng(0)
+    timed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in products:
+            path = Path(tmp) / f"{p.k}x{p.n}.onnx"
+            w = numpy_helper.from_array(rng.standard_normal((p.k, p.n), dtype=np.float32), "w")
+            graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "product",
+                                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, p.k])],
+                                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, p.n])], [w])
+            onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+            if p.int8:
+                quantize_int8(path)
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            feed = {"x": rng.standard_normal((rows, p.k), dtype=np.float32)}
+            for _ in range(warmup):
+                session.run(None, feed)
+            times = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                session.run(None, feed)
+                times.append(time.perf_counter() - started)
+            timed.append((p, 1000 * float(np.median(times))))
+    return Floor(rows, tuple(timed))
 
 
 def measure(name: str, w: Workload, request: Callable[[], None], encode: Callable[[], None] | None,
@@ -242,7 +369,8 @@ def bench(backend_names: list[str], artifact_dir: Path | None, checkpoint_dir: P
           warmup: int = 3, iters: int = 5, threads: int | None = None, device: str = "cpu",
           tick: Callable[[], None] = lambda: None) -> list[Result]:
     """Run each backend in a fresh child process, one after the other; results in backend order. A backend
-    whose process dies gets error rows, and the others are still measured."""
+    whose process dies gets error rows, and the others are still measured. Then the GEMM floors of the batched
+    ort-cpu results, in this process."""
     out: list[Result] = []
     for name in backend_names:
         args = (name, artifact_dir, checkpoint_dir, workloads, warmup, iters, threads, device)
@@ -250,4 +378,28 @@ def bench(backend_names: list[str], artifact_dir: Path | None, checkpoint_dir: P
             out += run_in_child(run_backend, args, tick)
         except ChildDied as exc:
             out += [Result(name, w, error=f"its benchmark process died ({exc})") for w in workloads]
+    if artifact_dir is not None:
+        from twostep.artifact import load_artifact
+
+        artifact = load_artifact(artifact_dir, check_hashes=False)
+        ort_cpu = {name for name in backend_names if split_name(name)[0] == "ort-cpu"}
+        add_gemm_floors(out, lambda r: artifact.graph_file(r.decoder) if r.backend in ort_cpu else None, threads)
     return out
+
+
+def add_gemm_floors(results: list[Result], graph_of: Callable[[Result], Path | None],
+                    threads: int | None) -> dict[tuple[Path, int], Floor]:
+    """Read each batched result (batch x beam rows > 1) against the GEMM floor of its decoder graph,
+    `graph_of(result)` (None: no floor), at its rows; each floor measured here once per (graph, rows), after
+    the engines. Returns the floors. Batch 1 is bound by reading the weights instead (weight_bytes_per_step)."""
+    floors: dict[tuple[Path, int], Floor] = {}
+    for r in results:
+        rows = r.workload.batch * r.workload.beam
+        graph = graph_of(r) if r.error is None and rows > 1 else None
+        if graph is None:
+            continue
+        if (graph, rows) not in floors:
+            floors[graph, rows] = gemm_floor(gemm_products(graph), rows, threads)
+        floor = floors[graph, rows]
+        r.gemm_floor_ms, r.gemm_gflops, r.step_vs_gemm_floor = floor.ms, floor.gflops, r.ms_per_step / floor.ms
+    return floors

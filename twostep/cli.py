@@ -265,22 +265,28 @@ def bench(
         return
     table = Table(title=f"{art_dir} ({config.d_model}d, {config.n_encoder_layers}+{config.n_decoder_layers} layers, "
                         f"vocab {config.tgt_vocab_size}); medians of {iters}")
-    for column in ("backend", "workload", "tokens/s", "ms/step", "p50 ms", "p95 ms", "p99 ms", "encoder ms",
-                   "load s", "peak RSS MB", "vs first"):
+    columns = ("backend", "workload", "tokens/s", "ms/step", "p50 ms", "p95 ms", "p99 ms", "encoder ms", "load s",
+               "peak RSS MB", "vs first", "GEMM floor ms", "GFLOP/s", "vs floor")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("backend", "workload") else "right")
     first = {r.workload: r for r in results if r.backend == names[0] and r.error is None}
     not_run = {}
     for r in results:
         if r.error:
             not_run[r.backend] = r.error
-            table.add_row(r.backend, r.workload.label, "not run", *[""] * 8)
+            table.add_row(r.backend, r.workload.label, "not run", *[""] * (len(columns) - 3))
             continue
         base = first.get(r.workload)
         ratio = f"{r.tokens_per_s / base.tokens_per_s:.2f}x" if base else "-"
+        floor = (["-"] * 3 if r.gemm_floor_ms is None else
+                 [f"{r.gemm_floor_ms:.2f}", f"{r.gemm_gflops:.1f}", f"{r.step_vs_gemm_floor:.2f}x"])
         table.add_row(r.backend, r.workload.label, f"{r.tokens_per_s:,.0f}", f"{r.ms_per_step:.2f}",
                       f"{r.latency_ms['p50']:.1f}", f"{r.latency_ms['p95']:.1f}", f"{r.latency_ms['p99']:.1f}",
-                      f"{r.encoder_ms:.1f}", f"{r.load_s:.2f}", f"{r.peak_rss_mb:,.0f}", ratio)
+                      f"{r.encoder_ms:.1f}", f"{r.load_s:.2f}", f"{r.peak_rss_mb:,.0f}", ratio, *floor)
     out.print(table)
+    if any(r.gemm_floor_ms is not None for r in results):
+        out.print("GEMM floor: ONNX Runtime's time for the decoder's weight products alone at batch x beam rows "
+                  "(ort-cpu, rows > 1), and the rate it implies; vs floor: ms/step over it.", highlight=False)
     for name, reason in not_run.items():
         out.print(f"{name}: {reason}", markup=False, highlight=False)
 
