@@ -1,11 +1,14 @@
-"""Where a beam-search request's time goes: the decoder steps inside ONNX Runtime, the cache reorders, and
-the host loop (candidate selection, bookkeeping, the encoder), then ONNX Runtime's own per-op profile.
+"""Where a beam-search (or, with --beam 1, greedy) request's time goes: the decoder steps inside ONNX Runtime,
+the cache reorders, and the host loop (candidate selection, bookkeeping, the encoder), then ONNX Runtime's own
+per-op profile.
 
     python -m benchmarks.beam_profile ARTIFACT [--kv-cache auto|inplace|concat] [--loop vectorised|reference]
-                                      [--batch 32] [--beam 4] [--new-tokens 64] [--threads 2]
+                                      [--search graph|logits] [--batch 32] [--beam 4] [--new-tokens 64]
+                                      [--threads 2] [--ops 8]
 
-`--loop reference` runs the per-sentence beam loop twostep had before it was vectorised (kept in
-tests/reference_beam.py as the oracle of the tests), for a before/after on the same machine.
+`--search logits` searches on the full logits on the host, as twostep did before the decoder's search outputs
+(`graph`, the default where the artifact has them). `--loop reference` runs the per-sentence beam loop twostep
+had before it was vectorised (kept in tests/reference_beam.py as the oracle of the tests), on the logits.
 """
 
 from __future__ import annotations
@@ -28,10 +31,17 @@ from twostep.runtime.decoding.search import Beam
 
 
 class Timed:
-    """A step session whose step and reorder calls are timed."""
+    """A step session whose step and reorder calls are timed; `logits`: one that gives the full logits only."""
 
-    def __init__(self, session):
+    def __init__(self, session, logits: bool = False):
         self.session, self.step_s, self.reorder_s = session, 0.0, 0.0
+        self.search_width = 0 if logits else session.search_width
+
+    def search_step(self, ids, need_logits=True):
+        started = time.perf_counter()
+        out = self.session.search_step(ids, need_logits)
+        self.step_s += time.perf_counter() - started
+        return out
 
     def claimed(self):
         return self.session.claimed()
@@ -62,7 +72,7 @@ def beam_loop(name: str, specials: decoding.Specials, beam: int, new_tokens: int
     if name == "vectorised":
         options = decoding.DecodeOptions(beam_size=beam, suppress_eos=True)
         return lambda session, sources: decoding.decode(session, sources, options, specials=specials,
-                                                        max_new_tokens=new_tokens, group=Beam)
+                                                        max_new_tokens=new_tokens, group=Beam if beam > 1 else None)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from reference_beam import beam_search
 
@@ -76,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("artifact", type=Path)
     p.add_argument("--kv-cache", default="auto")
     p.add_argument("--loop", default="vectorised", choices=("vectorised", "reference"))
+    p.add_argument("--search", default="graph", choices=("graph", "logits"),
+                   help="the decoder's search outputs (where the artifact has them) or the full logits")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--src-len", type=int, default=32)
@@ -88,15 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     with OrtBackend(artifact, threads=args.threads, kv_cache=args.kv_cache) as backend:
         c = backend.config
         sources = make_sources(c.src_vocab_size, c.eos_id, args.batch, args.src_len)
-        search(backend.session(), sources)  # warm-up
-        session = Timed(backend.session())
+        logits = args.search == "logits" or args.loop == "reference"
+        search(Timed(backend.session(), logits), sources)  # warm-up
+        session = Timed(backend.session(), logits)
         started = time.perf_counter()
         search(session, sources)
         total = time.perf_counter() - started
         decoder = backend.decoder
     steps = args.new_tokens
     host = total - session.step_s - session.reorder_s
-    print(f"{args.artifact.name}, {decoder}, {args.loop} loop, batch {args.batch} beam {args.beam}, {steps} tokens: "
+    where = "full logits" if logits or not session.search_width else "search outputs"
+    print(f"{args.artifact.name}, {decoder}, {args.loop} loop on the {where}, batch {args.batch} beam {args.beam}, "
+          f"{steps} tokens: "
           f"{total:.2f} s ({args.batch * steps / total:.0f} tokens/s) = decoder steps {session.step_s:.2f} s "
           f"({1000 * session.step_s / steps:.1f} ms/step) + reorders {session.reorder_s:.2f} s "
           f"({1000 * session.reorder_s / steps:.1f} ms/step) + host {host:.2f} s ({1000 * host / steps:.1f} ms/step, "
@@ -129,7 +144,7 @@ def op_profile(artifact, args, decoder: str) -> str:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             per_op[e["args"]["op_name"]] += e["dur"]
     lines = [f"| {decoder} op ({rows} rows, {args.ops} steps) | µs per step |", "|---|---:|"]
-    lines += [f"| {op} | {us / args.ops:,.0f} |" for op, us in per_op.most_common(8)]
+    lines += [f"| {op} | {us / args.ops:,.0f} |" for op, us in per_op.most_common(12)]
     lines.append(f"| all kernels | {sum(per_op.values()) / args.ops:,.0f} |")
     return "\n".join(lines)
 

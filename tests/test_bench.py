@@ -4,9 +4,17 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from cli_helpers import assert_user_error, twostep
-from twostep.bench import Workload, make_sources
+from twostep.artifact import load_artifact
+from twostep.artifact.spec import INPLACE
+from twostep.bench import Product, Workload, gemm_floor, gemm_products, make_sources
 
 
 def test_bench_reports_every_backend(tiny_artifact):
@@ -24,6 +32,13 @@ def test_bench_reports_every_backend(tiny_artifact):
     cuda = rows[4]
     if cuda["error"] is not None:  # no GPU here: reported, not dropped
         assert "not available here" in cuda["error"]
+    batched = rows[1]  # ort-cpu at 3 rows: its step against the GEMM floor of its decoder at 3 rows
+    assert batched["gemm_floor_ms"] > 0
+    assert batched["step_vs_gemm_floor"] == pytest.approx(batched["ms_per_step"] / batched["gemm_floor_ms"])
+    flops = 2 * 3 * sum(p.k * p.n * p.count for p in gemm_products(art / "decoder.onnx"))
+    assert batched["gemm_gflops"] == pytest.approx(flops / batched["gemm_floor_ms"] / 1e6)
+    for r in [rows[0], *rows[2:]]:  # batch 1 (bound by reading the weights), and not ort-cpu: no GEMM floor
+        assert r["gemm_floor_ms"] is None and r["gemm_gflops"] is None and r["step_vs_gemm_floor"] is None
 
 
 def test_bench_table_and_ratio(tiny_artifact):
@@ -32,6 +47,7 @@ def test_bench_table_and_ratio(tiny_artifact):
                      "--src-len", "4", "--new-tokens", "3", "--warmup", "0", "--iters", "1")
     assert result.returncode == 0, result.stderr
     assert "1.00x" in result.stdout and "torch" in result.stdout and "tokens/s" in result.stdout
+    assert "GEMM floor ms" in result.stdout and "GEMM floor: ONNX Runtime's time" in result.stdout  # batch 2: ort-cpu's
 
 
 def test_torch_without_checkpoint_is_reported(tiny_artifact):
@@ -63,3 +79,79 @@ def test_bench_runs_both_decoders_side_by_side_and_refuses_a_bad_suffix(demo_inp
     assert [r["decoder"] for r in rows] == ["decoder_inplace", "decoder"]  # what each backend chose, reported
     assert_user_error(twostep("bench", demo_inplace.path, "--backend", "ort-cuda:inplace"),
                       "only ort-cpu takes a decoder suffix")
+
+
+def found(graph_file) -> dict:
+    products = gemm_products(graph_file)
+    by_shape = {(p.k, p.n, p.int8): p.count for p in products}
+    assert len(by_shape) == len(products)  # one Product per distinct shape
+    return by_shape
+
+
+def expected(config, inplace: bool, int8: bool) -> dict:
+    """Per decoder layer: self-attention's q, k, v (one (d, 3d) product in the in-place decoder) and out,
+    cross-attention's q and out (the encoder computes its K and V), the feed-forward's two; then the generator.
+    A tied generator (the demo's) reads the embedding table through a Transpose, which int8 export leaves fp32
+    (it quantizes constant weights only)."""
+    d, layers = config.d_model, config.n_decoder_layers
+    shapes = Counter({(d, 3 * d, int8): layers} if inplace else {(d, d, int8): 3 * layers})
+    shapes.update({(d, d, int8): 3 * layers, (d, config.d_ff, int8): layers, (config.d_ff, d, int8): layers})
+    shapes[d, config.tgt_vocab_size, int8 and not config.tie_generator] += 1
+    return dict(shapes)
+
+
+def test_gemm_products_of_the_plain_in_place_and_int8_decoders(tiny_artifact, demo_inplace, demo_int8):
+    tiny = load_artifact(tiny_artifact[0])
+    assert found(tiny.graph_file("decoder")) == expected(tiny.config, inplace=False, int8=False)
+    for path, int8 in ((demo_inplace.path, False), (demo_int8, True)):
+        art = load_artifact(path)
+        assert art.config.tie_generator and not tiny.config.tie_generator  # both kinds of generator
+        assert found(art.graph_file("decoder")) == expected(art.config, inplace=False, int8=int8)
+        assert found(art.graph_file(INPLACE)) == expected(art.config, inplace=True, int8=int8)
+
+
+def test_gemm_products_reach_weights_through_transpose_cast_and_dequantize(tmp_path):
+    """A tied generator (Transpose of the embedding table), Gemm's transB, fp16 weights behind a Cast, QDQ
+    weights and int8 products are found; a product of two activations is not."""
+    init = [numpy_helper.from_array(np.zeros(shape, dtype), name) for name, shape, dtype in (
+        ("embed", (12, 8), np.float32), ("g", (16, 8), np.float32), ("h", (8, 4), np.float16),
+        ("w", (8, 3), np.float32), ("q", (8, 6), np.int8), ("dq", (8, 5), np.int8), ("scale", (), np.float32))]
+    nodes = [helper.make_node("Transpose", ["embed"], ["embed_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "embed_t"], ["logits"]),
+             helper.make_node("Gemm", ["x", "g"], ["gemm"], transB=1),
+             helper.make_node("Cast", ["h"], ["h32"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "h32"], ["half"]),
+             helper.make_node("MatMul", ["x", "w"], ["w1"]), helper.make_node("MatMul", ["x", "w"], ["w2"]),
+             helper.make_node("MatMulInteger", ["xq", "q"], ["int"]),
+             helper.make_node("DequantizeLinear", ["dq", "scale"], ["dq32"]),
+             helper.make_node("MatMul", ["x", "dq32"], ["qdq"]),
+             helper.make_node("Transpose", ["x"], ["x_t"]), helper.make_node("MatMul", ["x", "x_t"], ["scores"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8]),
+              helper.make_tensor_value_info("xq", TensorProto.UINT8, [2, 8])]
+    outputs = [helper.make_tensor_value_info(n.output[0], TensorProto.UNDEFINED, None) for n in nodes]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, init)), tmp_path / "g.onnx")
+    assert found(tmp_path / "g.onnx") == {(8, 12, False): 1, (8, 16, False): 1, (8, 4, False): 1, (8, 3, False): 2,
+                                          (8, 6, True): 1, (8, 5, False): 1}
+
+
+def test_gemm_floor_sums_each_product_times_its_count():
+    products = [Product(8, 16, count=3), Product(16, 8, count=2, int8=True)]
+    floor = gemm_floor(products, rows=4, threads=1, repeats=3, warmup=1)
+    assert [p for p, _ in floor.timed] == products and all(ms > 0 for _, ms in floor.timed)
+    assert floor.ms == pytest.approx(3 * floor.timed[0][1] + 2 * floor.timed[1][1])
+    assert floor.flops == 2 * 4 * (8 * 16 * 3 + 16 * 8 * 2)
+    assert floor.gflops == pytest.approx(floor.flops / floor.ms / 1e6)
+    assert "8x16 fp32 x3" in floor.rates() and "16x8 int8 x2" in floor.rates()
+
+
+@pytest.mark.parametrize("args", [["--beam", "2"], ["--beam", "2", "--search", "logits"], ["--beam", "1"],
+                                  ["--beam", "2", "--loop", "reference", "--kv-cache", "concat"]])
+def test_beam_profile_runs_on_a_tiny_artifact(demo_inplace, capsys, args):
+    """benchmarks/beam_profile.py, seconds long, so that it cannot rot."""
+    from benchmarks import beam_profile
+
+    assert beam_profile.main([str(demo_inplace.path), "--batch", "2", "--new-tokens", "3", "--ops", "2", *args]) == 0
+    out = capsys.readouterr().out
+    graph = "--search" not in args and "reference" not in args
+    assert ("on the search outputs" if graph else "on the full logits") in out
+    assert "ms/step" in out and "| all kernels |" in out

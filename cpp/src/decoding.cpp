@@ -72,6 +72,34 @@ void select_top(float* logits, const double* scores, int64_t k, int64_t vocab, c
   }
 }
 
+// select_top on the search outputs of a sentence's k rows (StepSession::Search, `width` candidates a row, at
+// least n + banned of them): a row's n best that are not banned are among them, in the order select_top visits
+// them (largest first, equal ones lower id first), each total = score + ((logit - largest) - log_norm). A forced
+// row's only candidate is its id, with log-probability 0.
+void select_top_search(const StepSession::Search& search, int64_t first_row, int64_t width, const double* scores,
+                       int64_t k, int64_t vocab, const Ids& banned, int64_t forced_id, size_t n,
+                       std::vector<std::pair<double, int64_t>>& top) {
+  top.clear();
+  for (int64_t beam = 0; beam < k; ++beam) {
+    if (scores[beam] == kNegInf) continue;
+    const int64_t row = first_row + beam;
+    const float* logits = search.top_logits + row * width;
+    const int64_t* ids = search.top_ids + row * width;
+    const int64_t count = forced_id >= 0 ? 1 : width;
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t token = forced_id >= 0 ? forced_id : ids[j];
+      if (std::find(banned.begin(), banned.end(), token) != banned.end()) continue;
+      const double v = forced_id >= 0 ? scores[beam] + ((0.0 - 0.0) - 0.0)
+                                      : scores[beam] + ((static_cast<double>(logits[j]) - logits[0]) -
+                                                        static_cast<double>(search.log_norm[row]));
+      if (v == kNegInf || (top.size() == n && !(v > top.back().first))) continue;
+      auto at = std::upper_bound(top.begin(), top.end(), v, [](double x, const auto& e) { return x > e.first; });
+      top.insert(at, {v, beam * vocab + token});
+      if (top.size() > n) top.pop_back();
+    }
+  }
+}
+
 // The ids a step never chooses: the model's never_generate, and eos when it is suppressed.
 Ids banned_ids(const Specials& s, bool suppress_eos) {
   Ids out = s.never_generate;
@@ -136,15 +164,26 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
   Ids tokens(batch, s.start_id);
   std::vector<bool> done(batch, false);
   std::vector<Ids> out(batch);
+  const int64_t width = session.search_width();
+  const bool searching = width >= 1 + static_cast<int64_t>(banned.size());  // the search outputs suffice
   for (int t = 0; t < max_new_tokens; ++t) {
-    float* logits = session.step(tokens);
+    float* logits = searching ? nullptr : session.step(tokens);
+    const StepSession::Search search = searching ? session.search_step(tokens) : StepSession::Search{};
     bool all_done = true;
     for (size_t b = 0; b < batch; ++b) {
-      float* row = logits + b * vocab;
       const int64_t forced_id = forced_at(forced, b, t);
-      if (forced_id >= 0) force(row, vocab, forced_id);
-      ban(row, banned);
-      const int64_t best = argmax(row, vocab);
+      int64_t best = forced_id;
+      if (searching) {  // the first of the row's best that is not banned: argmax's pick
+        for (int64_t j = 0; forced_id < 0 && j < width; ++j) {
+          best = search.top_ids[b * width + j];
+          if (std::find(banned.begin(), banned.end(), best) == banned.end()) break;
+        }
+      } else {
+        float* row = logits + b * vocab;
+        if (forced_id >= 0) force(row, vocab, forced_id);
+        ban(row, banned);
+        best = argmax(row, vocab);
+      }
       tokens[b] = best;
       if (!done[b]) {
         if (best == s.eos_id) done[b] = true;
@@ -185,19 +224,26 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   };
   std::vector<double> tmp;
   std::vector<std::pair<double, int64_t>> top;
+  const int64_t search_width = session.search_width();
+  const bool searching = search_width >= 2 * k + static_cast<int64_t>(banned.size());  // the search outputs suffice
 
   for (int t = 0; t < max_new_tokens; ++t) {
-    float* logits = session.step(tokens);
+    float* logits = searching ? nullptr : session.step(tokens);
+    const StepSession::Search search = searching ? session.search_step(tokens) : StepSession::Search{};
     std::vector<double> next_scores(rows_n, kNegInf);
     Ids next_tokens(rows_n, s.pad_id);
     std::vector<int64_t> origins(rows_n);
     for (int64_t r = 0; r < rows_n; ++r) origins[r] = r % k;
     for (int64_t b = 0; b < batch; ++b) {
       if (done[b]) continue;
-      float* sentence = logits + b * k * vocab;
       const int64_t forced_id = forced_at(forced, static_cast<size_t>(b), t);
-      for (int64_t beam = 0; forced_id >= 0 && beam < k; ++beam) force(sentence + beam * vocab, vocab, forced_id);
-      select_top(sentence, &scores[b * k], k, vocab, banned, 2 * k, tmp, top);
+      if (searching) {
+        select_top_search(search, b * k, search_width, &scores[b * k], k, vocab, banned, forced_id, 2 * k, top);
+      } else {
+        float* sentence = logits + b * k * vocab;
+        for (int64_t beam = 0; forced_id >= 0 && beam < k; ++beam) force(sentence + beam * vocab, vocab, forced_id);
+        select_top(sentence, &scores[b * k], k, vocab, banned, 2 * k, tmp, top);
+      }
       int64_t kept = 0;
       for (size_t c = 0; c < top.size(); ++c) {
         const auto [score, flat] = top[c];

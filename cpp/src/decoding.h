@@ -19,6 +19,18 @@ struct StepSession {
   // mask rows are equal, so those need no gather.
   virtual void reorder(const std::vector<int64_t>& rows) = 0;
   virtual int64_t vocab() const = 0;
+
+  // The decoder's search outputs (twostep/artifact/spec.py) of the position fed: each row's `width` largest
+  // logits (largest first, equal ones lower id first), their ids, and log(sum(exp(logits - the largest))),
+  // row-major, valid until the next call. A session whose decoder has them (search_width() > 0) takes
+  // search_step instead of step where a search needs no more: the full logits stay in the graph.
+  struct Search {
+    const float* top_logits;
+    const int64_t* top_ids;
+    const float* log_norm;
+  };
+  virtual int64_t search_width() const { return 0; }
+  virtual Search search_step(const Ids& tokens) { (void)tokens; return {nullptr, nullptr, nullptr}; }
 };
 
 struct Specials {

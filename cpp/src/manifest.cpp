@@ -413,12 +413,14 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
     m.n_heads = key.at(1).get<int64_t>();
     m.head_dim_k = key.at(3).get<int64_t>();
     m.head_dim_v = kv_shape(j["graphs"]["decoder"], "past_value_self_0", where).at(3).get<int64_t>();
+    for (const auto& t : j["graphs"]["decoder"].at("outputs"))
+      if (t.at("name") == "top_ids") m.search_width = t.at("shape").at(1).get<int64_t>();
     m.files = j.at("files").get<std::map<std::string, std::string>>();
   } catch (const json::exception& e) {
     throw Error(where + ": malformed manifest (missing or wrong " + e.what() + ")");
   }
   if (m.src_vocab_size <= 0 || m.tgt_vocab_size <= 0 || m.max_positions <= 0 || m.n_heads <= 0 ||
-      m.head_dim_k <= 0 || m.head_dim_v <= 0)
+      m.head_dim_k <= 0 || m.head_dim_v <= 0 || m.search_width < 0 || m.search_width > m.tgt_vocab_size)
     throw Error(where + ": malformed manifest (sizes must be positive)");
   check_ids(m, where);
   // Every file the runtime opens is listed and hashed; every listed name stays inside the directory.

@@ -184,6 +184,9 @@ struct Model::Impl final : detail::StepSession {
   ONNXTensorElementDataType float_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   std::optional<Tokenizer> tokenizer;
   std::vector<const char*> enc_in, enc_out, dec_in, dec_out;
+  // The decoder's outputs but the logits, and where the search outputs are among them (Manifest::search_width).
+  std::vector<const char*> dec_out_search;
+  size_t top_logits_out = 0, top_ids_out = 0, log_norm_out = 0;
   size_t enc_ids = 0, ids_slot = 0, mask_slot = 0, lengths_slot = 0, logits_out = 0;  // lengths: past_lengths
   std::vector<std::pair<size_t, size_t>> self_slots;   // (decoder input past_*_self_i, decoder output present_*)
   std::vector<std::pair<size_t, size_t>> cross_slots;  // (decoder input past_*_cross_i, encoder output present_*)
@@ -201,6 +204,8 @@ struct Model::Impl final : detail::StepSession {
   std::vector<Ort::Value> feeds;
   Ort::Value logits{nullptr};
   std::vector<float> logits_f32;  // float16 graphs: logits widened to float32
+  std::vector<Ort::Value> search_values;  // the last search_step's outputs
+  std::vector<float> top_f32, norm_f32;  // float16 graphs: search outputs widened
   int64_t rows = 0, past_len = 0;
 
   Ort::Session open(const Options& options, const std::string& file) {
@@ -219,16 +224,20 @@ struct Model::Impl final : detail::StepSession {
     });
   }
 
-  // One graph run; bound, every output stays in state_memory except `to_host` (the logits).
+  // One graph run; bound, every output stays in state_memory except those `to_host` (the logits, or the search
+  // outputs).
   std::vector<Ort::Value> run(Ort::Session& session, const char* graph, const std::vector<const char*>& in,
                               const Ort::Value* values, const std::vector<const char*>& out,
-                              const char* to_host = nullptr) {
+                              const std::vector<const char*>& to_host = {}) {
     return ort_errors(std::string(graph) + " graph", [&] {
       if (!bound) return session.Run(Ort::RunOptions{nullptr}, in.data(), values, in.size(), out.data(), out.size());
       Ort::IoBinding binding(session);
       for (size_t i = 0; i < in.size(); ++i) binding.BindInput(in[i], values[i]);
-      for (const char* name : out)
-        binding.BindOutput(name, to_host && std::strcmp(name, to_host) == 0 ? host_memory : state_memory);
+      for (const char* name : out) {
+        const bool host = std::any_of(to_host.begin(), to_host.end(),
+                                      [&](const char* h) { return std::strcmp(name, h) == 0; });
+        binding.BindOutput(name, host ? host_memory : state_memory);
+      }
       session.Run(Ort::RunOptions{nullptr}, binding);
       binding.SynchronizeOutputs();
       return binding.GetOutputValues();
@@ -304,7 +313,10 @@ struct Model::Impl final : detail::StepSession {
     past_len = 0;
   }
 
-  float* step(const Ids& tokens) override {
+  // Feeds one token a row and runs the decoder for `outputs` (to_host: those that come to the host); the presents
+  // become the next step's past. `shift`: where the logits were left out, the presents' index one lower.
+  std::vector<Ort::Value> feed(const Ids& tokens, const std::vector<const char*>& outputs,
+                               const std::vector<const char*>& to_host, size_t shift) {
     if (past_len + 1 > m.max_positions)
       throw Error("decoder: " + std::to_string(past_len + 1) + " target positions, the model has " +
                   std::to_string(m.max_positions) + " (max_positions)");
@@ -312,10 +324,37 @@ struct Model::Impl final : detail::StepSession {
     std::copy(tokens.begin(), tokens.end(), feeds[ids_slot].GetTensorMutableData<int64_t>());
     feeds[lengths_slot] = tensor({rows}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);  // every row at one position here
     std::fill_n(feeds[lengths_slot].GetTensorMutableData<int64_t>(), rows, past_len);
-    auto out = run(decoder, "decoder", dec_in, feeds.data(), dec_out, "logits");
-    for (const auto& [in, present] : self_slots) feeds[in] = std::move(out[present]);  // present -> next past
-    logits = std::move(out[logits_out]);
+    auto out = run(decoder, "decoder", dec_in, feeds.data(), outputs, to_host);
+    for (const auto& [in, present] : self_slots)  // present -> next past
+      feeds[in] = std::move(out[present - (present > logits_out ? shift : 0)]);
     ++past_len;
+    return out;
+  }
+
+  int64_t search_width() const override { return m.search_width; }
+
+  Search search_step(const Ids& tokens) override {
+    search_values = feed(tokens, dec_out_search, {"top_logits", "top_ids", "log_norm"}, 1);
+    const auto shape = search_values[top_ids_out].GetTensorTypeAndShapeInfo().GetShape();
+    if (shape != std::vector<int64_t>{rows, m.search_width})
+      throw Error("decoder graph: top_ids shape does not match [batch, " + std::to_string(m.search_width) +
+                  "] of the manifest");
+    const int64_t* ids = search_values[top_ids_out].GetTensorData<int64_t>();
+    if (float_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+      return {search_values[top_logits_out].GetTensorData<float>(), ids,
+              search_values[log_norm_out].GetTensorData<float>()};
+    auto widen = [](const Ort::Value& value, std::vector<float>& out) {
+      const auto* half = value.GetTensorData<Ort::Float16_t>();
+      out.resize(value.GetTensorTypeAndShapeInfo().GetElementCount());
+      for (size_t i = 0; i < out.size(); ++i) out[i] = half[i].ToFloat();
+      return out.data();
+    };
+    return {widen(search_values[top_logits_out], top_f32), ids, widen(search_values[log_norm_out], norm_f32)};
+  }
+
+  float* step(const Ids& tokens) override {
+    auto out = feed(tokens, dec_out, {"logits"}, 0);
+    logits = std::move(out[logits_out]);
     const auto info = logits.GetTensorTypeAndShapeInfo();
     if (info.GetShape() != std::vector<int64_t>{rows, 1, m.tgt_vocab_size})
       throw Error("decoder graph: logits shape does not match [batch, 1, tgt_vocab_size] of the manifest");
@@ -401,6 +440,15 @@ std::unique_ptr<Model::Impl> Model::Impl::load(const fs::path& dir, const Option
   x.mask_slot = index_of(m.decoder.inputs, "encoder_attention_mask", "decoder");
   x.lengths_slot = index_of(m.decoder.inputs, "past_lengths", "decoder");
   x.logits_out = index_of(m.decoder.outputs, "logits", "decoder");
+  if (m.search_width > 0) {
+    std::vector<std::string> outputs = m.decoder.outputs;
+    outputs.erase(outputs.begin() + static_cast<std::ptrdiff_t>(x.logits_out));
+    for (size_t i = 0; i < x.dec_out.size(); ++i)
+      if (i != x.logits_out) x.dec_out_search.push_back(x.dec_out[i]);
+    x.top_logits_out = index_of(outputs, "top_logits", "decoder");
+    x.top_ids_out = index_of(outputs, "top_ids", "decoder");
+    x.log_norm_out = index_of(outputs, "log_norm", "decoder");
+  }
   for (size_t i = 0; i < m.decoder.inputs.size(); ++i) {
     const std::string& name = m.decoder.inputs[i];
     if (i == x.ids_slot || i == x.mask_slot || i == x.lengths_slot) continue;

@@ -49,8 +49,9 @@ def manifest_greedy(art_dir, sources: list[list[int]], max_new_tokens: int,
                 break
             if step >= len(forced):
                 result.append(token)
-            for name in output_names[1:]:
-                feeds["past_" + name[len("present_"):]] = outputs[name]
+            for name in output_names:  # besides the presents: the logits and the search outputs
+                if name.startswith("present_"):
+                    feeds["past_" + name[len("present_"):]] = outputs[name]
         out.append(result)
     return out
 

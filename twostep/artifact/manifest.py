@@ -147,8 +147,10 @@ class Manifest:
                 continue
             entry = value(section, name, dict, f"{where}: {key}")
             file = safe_name(value(entry, "file", str, f"{where}: {key}.{name}"), where)
-            spec = info.spec(config, dtype)
-            if {k: entry.get(k) for k in ("inputs", "outputs")} != spec.to_dict():
+            spec, declared = info.spec(config, dtype), {k: entry.get(k) for k in ("inputs", "outputs")}
+            if spec.searches and declared == spec.without_search().to_dict():  # exported before the search outputs
+                spec = spec.without_search()
+            if declared != spec.to_dict():
                 raise BadArtifact(f"{where}: {key}.{name} inputs/outputs are not those the model config implies; "
                                   "the manifest was edited or is damaged: re-export the artifact")
             entries[name] = GraphEntry(name, file, spec, info.runtime, info.ops)  # runtime and ops: as declared

@@ -10,7 +10,14 @@ decoder  input_ids [batch, new_len], encoder_attention_mask [batch, src_len], pa
          past_key_self_{i}, past_value_self_{i} [batch, heads, past_len, head_dim],
          past_key_cross_{i}, past_value_cross_{i} [batch, heads, src_len, head_dim]
          -> logits [batch, new_len, vocab], present_key_self_{i}, present_value_self_{i}
-            [batch, heads, past_len + new_len, head_dim]
+            [batch, heads, past_len + new_len, head_dim],
+            log_norm [batch], top_logits [batch, C], top_ids [batch, C] int64
+
+The last three are the search outputs (schema 3 artifacts of an older twostep lack them): what a search needs
+of the last position's logits, so that the full logits need not leave the graph. top_logits and top_ids are the
+row's C = min(SEARCH_WIDTH, vocab) largest logits, largest first (ties: the lower id first, as ONNX Runtime's
+TopK orders them), and log_norm is log(sum(exp(logits - top_logits[:, 0]))): a candidate's log-probability is
+(top_logits - top_logits[:, :1]) - log_norm[:, None].
 
 Rows of one batch may be at different positions (schema 2): `past_lengths[r]` of the past_len cached
 positions are row r's own, the last ones (the cache is left-padded; the graph masks the columns before them),
@@ -79,6 +86,15 @@ class GraphSpec:
         return [t.name for t in self.outputs]
 
     @property
+    def searches(self) -> bool:
+        """The decoder gives the search outputs (log_norm, top_logits, top_ids) beside the logits."""
+        return "top_ids" in self.output_names
+
+    def without_search(self) -> GraphSpec:
+        """The same I/O as an older twostep declared it, without the search outputs."""
+        return GraphSpec(self.name, self.inputs, tuple(t for t in self.outputs if t.name not in SEARCH_OUTPUTS))
+
+    @property
     def past_self(self) -> list[TensorSpec]:
         """The decoder's self-attention cache inputs, key_0, value_0, key_1, ..."""
         return [t for t in self.inputs if t.name.startswith("past_") and "_self_" in t.name]
@@ -126,8 +142,24 @@ def step_decoder_spec(config: ModelConfig, dtype: str, name: str, past: Dim, pre
         outputs=(
             TensorSpec("logits", dtype, ("batch", "new_len", config.tgt_vocab_size)),
             *kv_specs("present_{kind}_self", n, h, dk, dv, present, dtype),
+            *search_specs(config, dtype),
         ),
     )
+
+
+SEARCH_WIDTH = 32  # candidates per row in the search outputs: beam search takes 2 x beam, plus the ids it blocks
+SEARCH_OUTPUTS = ("log_norm", "top_logits", "top_ids")
+
+
+def search_width(config: ModelConfig) -> int:
+    return min(SEARCH_WIDTH, config.tgt_vocab_size)
+
+
+def search_specs(config: ModelConfig, dtype: str = "float32") -> tuple[TensorSpec, ...]:
+    """In the graph's float type, as its logits (fp16 graphs compute them in fp16)."""
+    width = search_width(config)
+    return (TensorSpec("log_norm", dtype, ("batch",)), TensorSpec("top_logits", dtype, ("batch", width)),
+            TensorSpec("top_ids", "int64", ("batch", width)))
 
 
 # The in-place decoder, an ONNX Runtime-only variant of the decoder (twostep.exporter.inplace): past and present

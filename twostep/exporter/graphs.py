@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch.export import Dim
 
-from twostep.artifact.spec import GraphSpec, graph_specs
+from twostep.artifact.spec import GraphSpec, graph_specs, search_width
 from twostep.model.graphs import DecoderGraph, EncoderGraph, flatten, pairs
 from twostep.model.transformer import Transformer
 
@@ -51,7 +51,7 @@ def dynamic_shapes(spec: GraphSpec, graph: str) -> tuple:
 
 
 def export_graph(model: Transformer, graph: str, spec: GraphSpec, path: Path, opset: int) -> None:
-    wrapper = (EncoderGraph if graph == "encoder" else DecoderGraph)(model).eval()
+    wrapper = (EncoderGraph(model) if graph == "encoder" else DecoderGraph(model, search_width(model.config))).eval()
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed"
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation and axis-renaming chatter

@@ -11,7 +11,8 @@ decoder_inplace  input_ids [batch, new_len], encoder_attention_mask [batch, src_
                  past_key_self_{i}, past_value_self_{i} [batch, heads, capacity, head_dim],
                  past_key_cross_{i}, past_value_cross_{i} [batch, heads, src_len, head_dim]
                  -> logits [batch, new_len, vocab], present_key_self_{i}, present_value_self_{i}
-                    [batch, heads, capacity, head_dim] (the same buffers)
+                    [batch, heads, capacity, head_dim] (the same buffers), and the search outputs
+                    (log_norm, top_logits, top_ids: twostep.artifact.spec)
 
 It is recorded in the manifest under `variants`, next to the two plain graphs, which stay what TensorRT,
 the C++ library and other runtimes read. ONNX Runtime's CPU kernel needs head_dim a multiple of 8, equal
@@ -30,9 +31,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.export import Dim
 
-from twostep.artifact.spec import inplace_spec
+from twostep.artifact.spec import inplace_spec, search_width
 from twostep.exporter.graphs import TRACE_SIZES, example_inputs
-from twostep.model.graphs import flatten, pairs
+from twostep.model.graphs import flatten, pairs, search_outputs
 from twostep.model.transformer import KV, Transformer
 
 
@@ -96,7 +97,7 @@ class InplaceDecoderGraph(nn.Module):
             self.packed[id(attn)] = i
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, past_lengths: Tensor,
-                past_self: list[Tensor], past_cross: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+                past_self: list[Tensor], past_cross: list[Tensor]) -> tuple:
         new_len = input_ids.shape[1]
         seqlens_k = (past_lengths + (new_len - 1)).to(torch.int32)  # each row's total length - 1
         total = (past_lengths.max() + new_len).to(torch.int32)
@@ -110,7 +111,7 @@ class InplaceDecoderGraph(nn.Module):
 
         logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
                                                  pairs(past_cross), past_lengths, attend)
-        return logits, flatten(present)
+        return logits, flatten(present), *search_outputs(logits, search_width(self.model.config))
 
 
 def export_inplace(model: Transformer, path: Path, opset: int) -> None:

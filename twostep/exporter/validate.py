@@ -109,7 +109,7 @@ def grid_feeds(reference: Backend, seed: int = 0):
                 out = reference.run("decoder", {"input_ids": prefix, "encoder_attention_mask": mask,
                                                 "past_lengths": np.zeros(batch, np.int64), **cross_feeds,
                                                 **empty_past(reference, batch)})
-                self_feeds = {past_name(k): v for k, v in out.items() if k != "logits"}
+                self_feeds = {past_name(k): v for k, v in out.items() if k.startswith("present_")}
             else:
                 self_feeds = empty_past(reference, batch)
             lengths = np.maximum(past_len - 7 * np.arange(batch), 0)
@@ -136,7 +136,11 @@ def compare_graphs(candidate: Backend, reference: Backend, precision: str = "fp3
         cand_feeds = {k: (v.astype(cast) if v.dtype == np.float32 else v) for k, v in feeds.items()}
         got = candidate.run(graph, cand_feeds)
         report.cases += 1
+        if "top_ids" in expected:
+            report.failures += search_failures(case, graph, got, expected["logits"][:, -1], tolerances)
         for name, want in expected.items():
+            if name == "top_ids":  # ids of equal logits may come in either order: search_failures checks them
+                continue
             have = got[name].astype(np.float32)
             key = f"{graph}.{name}"
             if have.shape != want.shape:
@@ -158,6 +162,32 @@ def compare_backend(candidate: Backend, reference: Backend, precision: str = "fp
     variant of the decoder (ort-cpu's in-place one), that decoder step by step."""
     report = compare_graphs(candidate, reference, precision)
     return compare_sessions(candidate, reference, precision, report) if candidate.decoder != "decoder" else report
+
+
+def search_failures(case: str, graph: str, got: dict[str, np.ndarray], logits: np.ndarray,
+                    tolerances: dict | None) -> list[str]:
+    """The candidate's search outputs against the reference's last-position logits (B, V): each of its top ids
+    has the reference logit its top_logits says, and its log_norm is the reference's float64 one, within the
+    logits' tolerance (ids of logits closer than that may trade places)."""
+    if tolerances is None:
+        return []
+    atol, rtol = tolerances["logits"]
+    logits = logits.astype(np.float64)
+    ids, top = got["top_ids"], got["top_logits"].astype(np.float64)
+    failures = []
+    if ids.shape != top.shape or ids.shape[0] != logits.shape[0]:
+        return [f"{case}: {graph} search outputs have shapes {ids.shape} and {top.shape} for {logits.shape[0]} rows"]
+    width = ids.shape[1]
+    want_top = -np.sort(-logits, axis=1)[:, :width]
+    if (ids < 0).any() or (ids >= logits.shape[1]).any() or not np.allclose(
+            np.take_along_axis(logits, ids, 1), top, atol=atol, rtol=rtol):
+        failures.append(f"{case}: {graph}.top_ids are not the ids of top_logits")
+    if not np.allclose(top, want_top, atol=atol, rtol=rtol):
+        failures.append(f"{case}: {graph}.top_logits are not the {width} largest logits")
+    want_norm = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1))
+    if not np.allclose(got["log_norm"].astype(np.float64), want_norm, atol=atol, rtol=rtol):
+        failures.append(f"{case}: {graph}.log_norm is not log(sum(exp(logits - max)))")
+    return failures
 
 
 def compare_sessions(candidate: Backend, reference: Backend, precision: str = "fp32",
@@ -184,7 +214,11 @@ def compare_sessions(candidate: Backend, reference: Backend, precision: str = "f
         for step in range(min(38, c.max_positions - 3)):
             new = 4 if step == 0 else 1
             tokens = rng.integers(min(4, c.tgt_vocab_size - 1), c.tgt_vocab_size, (rows, new), dtype=np.int64)
-            have, want = (s.step(tokens) for s in sessions)
+            results, want = sessions[0].search_step(tokens), sessions[1].step(tokens)
+            have = results["logits"]
+            if "top_ids" in results:
+                report.failures += search_failures(f"{case}_p{position + new}", candidate.decoder, results, want,
+                                                   tolerances)
             position += new
             err = float(np.abs(have - want).max())
             report.max_error[key] = max(report.max_error.get(key, 0.0), err)

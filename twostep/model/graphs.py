@@ -7,6 +7,7 @@ in the order the spec (twostep.artifact.spec) declares.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from twostep.model.transformer import Transformer
@@ -29,13 +30,23 @@ class EncoderGraph(nn.Module):
         return flatten(self.model.encode(input_ids, attention_mask))
 
 
+def search_outputs(logits: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The decoder's search outputs (twostep.artifact.spec) from its logits (B, T, V): of the last position,
+    log_norm = log(sum(exp(logits - max))), and the `width` largest logits and their ids (fp16 exports convert
+    them with the rest of the graph)."""
+    last = logits[:, -1].float()
+    top_logits, top_ids = torch.topk(last, width, dim=-1)
+    log_norm = torch.log(torch.exp(last - top_logits[:, :1]).sum(-1))
+    return log_norm, top_logits, top_ids
+
+
 class DecoderGraph(nn.Module):
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, width: int):
         super().__init__()
-        self.model = model
+        self.model, self.width = model, width
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, past_lengths: Tensor,
-                past_self: list[Tensor], past_cross: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+                past_self: list[Tensor], past_cross: list[Tensor]) -> tuple:
         logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
                                                  pairs(past_cross), past_lengths)
-        return logits, flatten(present)
+        return logits, flatten(present), *search_outputs(logits, self.width)

@@ -76,6 +76,7 @@ struct Manifest {
     std::vector<std::string> inputs, outputs;  // names, in the manifest's order
   } encoder, decoder;
   int64_t n_heads = 0, head_dim_k = 0, head_dim_v = 0;  // from the decoder's past_key_self_0 / past_value_self_0
+  int64_t search_width = 0;  // candidates a row in the decoder's search outputs (top_ids [batch, C]); 0: none
 
   // Reads manifest.json and checks it: format, schema version, sizes, every file the runtime opens listed
   // with its sha256, every listed name a plain relative path that stays inside dir (symbolic links too),

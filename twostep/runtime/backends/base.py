@@ -53,10 +53,11 @@ class Backend(ABC):
         return self.config.max_positions
 
     # -- running -------------------------------------------------------------------------------
-    def run(self, graph: str, feeds: Feeds) -> Feeds:
-        """Run one graph; feeds and results are keyed by the spec's tensor names."""
+    def run(self, graph: str, feeds: Feeds, outputs: list[str] | None = None) -> Feeds:
+        """Run one graph; feeds and results are keyed by the spec's tensor names. `outputs`: the ones wanted
+        (default all); a backend may return more."""
         self.check_inputs(graph, feeds)
-        return self._run(graph, feeds)
+        return self._run(graph, feeds, outputs)
 
     def check_inputs(self, graph: str, feeds: Feeds) -> None:
         spec = self.graphs[graph]
@@ -107,7 +108,7 @@ class Backend(ABC):
     def _load(self) -> None: ...
 
     @abstractmethod
-    def _run(self, graph: str, feeds: Feeds) -> Feeds: ...
+    def _run(self, graph: str, feeds: Feeds, outputs: list[str] | None = None) -> Feeds: ...
 
     def _close(self) -> None:  # noqa: B027 (optional: most backends have nothing to release)
         pass

@@ -7,19 +7,20 @@ it: nothing is concatenated or handed back. Row r's history is its first lengths
 free row (its length 0) or a new one, and one that leaves frees its row; nothing else moves. The capacity
 doubles when a decode outgrows it. Beam search's reorder moves, in place, only the rows whose beam of origin
 is another row, and only their filled positions; mask and cross K/V (the RowSession's rows) are written row
-by row as sentences join. Logits land in a buffer reused across steps, and one IO binding serves
-every step until a buffer changes: a step binds only its token ids and lengths.
+by row as sentences join. Logits and the search outputs land in buffers reused across steps (the logits' is
+where the generator's product writes anyway), and one IO binding serves every step until a buffer changes: a
+step binds only its token ids and lengths.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from twostep.artifact.spec import INPLACE, present_name
+from twostep.artifact.spec import INPLACE, SEARCH_OUTPUTS, present_name
 from twostep.errors import BadInput
 from twostep.runtime.backends.base import NUMPY_DTYPES
 from twostep.runtime.backends.ortlib import import_ort
-from twostep.runtime.backends.session import HostSession
+from twostep.runtime.backends.session import HostSession, search_results
 
 FIRST_CAPACITY = 32
 
@@ -36,6 +37,7 @@ class InplaceSession(HostSession):
         self.capacity = 0
         self.cache: dict[str, np.ndarray] = {}
         self.logits = None
+        self.outputs: dict[str, np.ndarray] = {}  # the search outputs' buffers
         self.binding = None  # bound to mask, cross K/V, cache and logits; None once one of them is a new array
         self.bound_tensors: list = []  # the mask and cross K/V arrays it is bound to (rows.fit may replace them)
 
@@ -83,6 +85,8 @@ class InplaceSession(HostSession):
             for name, array in self.rows.tensors.items():
                 binding.bind_ortvalue_input(name, over(array))
             binding.bind_ortvalue_output("logits", over(self.logits))
+            for name, array in self.outputs.items():
+                binding.bind_ortvalue_output(name, over(array))
             for name in self.self_names:
                 value = over(self.cache[name])
                 binding.bind_ortvalue_input(name, value)
@@ -90,7 +94,7 @@ class InplaceSession(HostSession):
             self.binding = binding
         return self.binding
 
-    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
+    def run_decoder(self, input_ids: np.ndarray, need_logits: bool = True) -> tuple[dict, dict]:
         new, longest, rows = input_ids.shape[1], self.rows.longest, self.rows.rows
         if new > 1 and longest > 0 and rows > 1:
             raise BadInput("the in-place decoder takes one new token per step once the cache holds a past "
@@ -99,6 +103,8 @@ class InplaceSession(HostSession):
         shape = (rows, new, self.backend.config.tgt_vocab_size)
         if self.logits is None or self.logits.shape != shape:
             self.logits = np.empty(shape, self.dtype)
+            specs = {t.name: t for t in self.decoder.outputs if t.name in SEARCH_OUTPUTS}
+            self.outputs = {name: np.empty(t.concrete(batch=rows), NUMPY_DTYPES[t.dtype]) for name, t in specs.items()}
             self.binding = None
         binding = self.bound()
         # held until the next step: ONNX Runtime may read them in place
@@ -106,7 +112,7 @@ class InplaceSession(HostSession):
         binding.bind_cpu_input("input_ids", self.feeds[0])
         binding.bind_cpu_input("past_lengths", self.feeds[1])
         self.session.run_with_iobinding(binding)
-        return np.asarray(self.logits[:, -1], dtype=np.float32), {}
+        return search_results({"logits": self.logits, **self.outputs}, need_logits, self.decoder), {}
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         origin = np.asarray(origin)

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 from twostep.artifact.spec import present_name
 from twostep.runtime.backends.base import NUMPY_DTYPES
 from twostep.runtime.backends.ortlib import import_ort
-from twostep.runtime.backends.session import MASK, RowSession
+from twostep.runtime.backends.session import MASK, RowSession, search_results
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
@@ -128,14 +128,16 @@ class IoBindingSession(RowSession):
                     list(t.concrete(batch=batch, past_len=0)), NUMPY_DTYPES[t.dtype], self.device_type, self.device_id)
                 for t in self.decoder.past_self}
 
-    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
+    def run_decoder(self, input_ids: np.ndarray, need_logits: bool = True) -> tuple[dict, dict]:
         rows = self.rows
         if self.profile is not None:
             self.profile.check({"batch": rows.rows, "past_len": rows.past_len, "new_len": input_ids.shape[1]})
         out = self.run("decoder", {"input_ids": self.to_device(input_ids), "past_lengths": self.to_device(rows.lengths),
                                    **rows.tensors})
         presents = {t.name: out[present_name(t.name)] for t in self.decoder.past_self}
-        return np.asarray(out["logits"].numpy()[:, -1], dtype=np.float32), presents
+        # only what the search reads comes down: the search outputs, and the logits of the last position if asked
+        return search_results(out, need_logits, self.decoder, lambda value: value.numpy(),
+                              lambda logits: logits.numpy()[:, -1]), presents
 
 
 __all__ = ["IoBindingSession", "OrtOps", "array_model"]

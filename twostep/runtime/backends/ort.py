@@ -116,11 +116,11 @@ class OrtBackend(Backend):
         """Providers for the row-moving array sessions (iobinding.IoBindingSession)."""
         return list(self.providers)
 
-    def _run(self, graph: str, feeds: Feeds) -> Feeds:
+    def _run(self, graph: str, feeds: Feeds, outputs: list[str] | None = None) -> Feeds:
         if graph not in self.sessions:
             self.open_session(graph)
         session = self.sessions[graph]
-        names = self.graphs[graph].output_names
+        names = outputs or self.spec(graph).output_names
         return dict(zip(names, session.run(names, feeds)))
 
     def _close(self) -> None:

@@ -8,8 +8,10 @@ leave and trade places. A backend implements three things, on its own arrays (nu
                                               names (`rows`: how many rows the batch will have, for engines
                                               with a profile)
     empty_cache(batch)                        self-attention caches of no positions (past_len 0)
-    run_decoder(input_ids)                    one step over every row: the last position's float32 logits (B, V)
-                                              and the new caches under their input names
+    run_decoder(input_ids, need_logits)       one step over every row: what the search reads (`search_results`:
+                                              the search outputs where the decoder has them, the last position's
+                                              float32 logits (B, V) where asked for or where it has none) and the
+                                              new caches under their input names
 
 `HostSession` is the default: host arrays, both graphs through Backend.run.
 """
@@ -23,12 +25,23 @@ from contextlib import contextmanager
 import numpy as np
 
 from twostep.artifact.config import ModelConfig
-from twostep.artifact.spec import GraphSpec, present_name
+from twostep.artifact.spec import SEARCH_OUTPUTS, GraphSpec, present_name
 from twostep.errors import SessionBusy
 from twostep.runtime.backends.base import NUMPY_DTYPES, Backend, Feeds, check_positions
 from twostep.runtime.backends.rows import DecoderRows, NumpyOps
 
 MASK = "encoder_attention_mask"
+
+
+def search_results(out, need_logits: bool, decoder: GraphSpec, to_host=np.asarray,
+                   last=lambda logits: logits[:, -1]) -> dict[str, np.ndarray]:
+    """What a step gives the search from a decoder's outputs `out` (a backend's arrays; `to_host` makes one a
+    numpy array, `last(logits)` the last position's logits one): its search outputs, if it has them, and the last
+    position's float32 logits if `need_logits` or it has none."""
+    results = {name: to_host(out[name]) for name in SEARCH_OUTPUTS} if decoder.searches else {}
+    if need_logits or not decoder.searches:
+        results["logits"] = np.asarray(last(out["logits"]), dtype=np.float32)
+    return results
 
 
 class RowSession:
@@ -42,6 +55,7 @@ class RowSession:
         self.rows = DecoderRows(ops, MASK, [t.name for t in decoder.past_cross],
                                 [] if own_cache else [t.name for t in decoder.past_self], max_width)
         self.busy = threading.Lock()
+        self.search_width = next((t.shape[1] for t in decoder.outputs if t.name == "top_ids"), 0)
 
     @contextmanager
     def claimed(self) -> Iterator[None]:
@@ -62,7 +76,7 @@ class RowSession:
     def empty_cache(self, batch: int) -> dict:
         raise NotImplementedError
 
-    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
+    def run_decoder(self, input_ids: np.ndarray, need_logits: bool = True) -> tuple[dict, dict]:
         raise NotImplementedError
 
     # -- the decoding loop's calls (decoding.StepSession) --------------------------------------------
@@ -79,12 +93,15 @@ class RowSession:
         self.rows.release(rows)
 
     def step(self, input_ids: np.ndarray) -> np.ndarray:
+        return self.search_step(input_ids)["logits"]
+
+    def search_step(self, input_ids: np.ndarray, need_logits: bool = True) -> dict[str, np.ndarray]:
         # The inputs were checked when encoded; from here on the session makes them itself, so the per-step
         # check is only the one that can fail: running past the position table.
         check_positions(self.config, self.rows.longest + input_ids.shape[1])
-        logits, presents = self.run_decoder(input_ids)
+        results, presents = self.run_decoder(input_ids, need_logits)
         self.rows.advance(presents, input_ids.shape[1])
-        return logits
+        return results
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         self.rows.reorder(origin, cache_only)
@@ -107,8 +124,11 @@ class HostSession(RowSession):
         return {t.name: np.zeros(t.concrete(batch=batch, past_len=0), NUMPY_DTYPES[t.dtype])
                 for t in self.decoder.past_self}
 
-    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, Feeds]:
-        rows = self.rows
-        out = self.backend._run("decoder", {"input_ids": input_ids, "past_lengths": rows.lengths, **rows.tensors})
+    def run_decoder(self, input_ids: np.ndarray, need_logits: bool = True) -> tuple[dict, Feeds]:
+        rows, names = self.rows, self.decoder.output_names
+        if self.decoder.searches and not need_logits:  # the full logits stay in the graph
+            names = [name for name in names if name != "logits"]
+        out = self.backend._run("decoder", {"input_ids": input_ids, "past_lengths": rows.lengths, **rows.tensors},
+                                names)
         presents = {past: out[present] for past, present in self.presents.items()}
-        return np.asarray(out["logits"][:, -1], dtype=np.float32), presents
+        return search_results(out, need_logits, self.decoder), presents

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from twostep.artifact.spec import graph_specs
+from twostep.artifact.spec import graph_specs, search_width
 from twostep.model.graphs import DecoderGraph, EncoderGraph, pairs
 from twostep.model.transformer import Transformer
 from twostep.runtime.backends.base import Backend, Feeds
@@ -34,10 +34,11 @@ class TorchBackend(Backend):
         if self.threads:
             torch.set_num_threads(self.threads)
         self.model.to(self.device)
-        self.wrappers = {"encoder": EncoderGraph(self.model), "decoder": DecoderGraph(self.model)}
+        self.wrappers = {"encoder": EncoderGraph(self.model),
+                         "decoder": DecoderGraph(self.model, search_width(self.config))}
 
     @torch.inference_mode()
-    def _run(self, graph: str, feeds: Feeds) -> Feeds:
+    def _run(self, graph: str, feeds: Feeds, outputs: list[str] | None = None) -> Feeds:
         spec = self.graphs[graph]
         t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in feeds.items()}
         if graph == "encoder":
@@ -45,10 +46,11 @@ class TorchBackend(Backend):
         else:
             past = [t[s.name] for s in spec.past_self]
             cross = [t[s.name] for s in spec.past_cross]
-            logits, present = self.wrappers["decoder"](t["input_ids"], t["encoder_attention_mask"], t["past_lengths"],
-                                                       past, cross)
-            outputs = [logits, *present]
-        return {name: out.float().cpu().numpy() for name, out in zip(spec.output_names, outputs)}
+            logits, present, *search = self.wrappers["decoder"](t["input_ids"], t["encoder_attention_mask"],
+                                                                t["past_lengths"], past, cross)
+            outputs = [logits, *present, *search]
+        return {name: (out.float() if out.is_floating_point() else out).cpu().numpy()
+                for name, out in zip(spec.output_names, outputs)}
 
     def session(self) -> TorchSession:
         self.load()
@@ -64,6 +66,7 @@ class TorchSession(RowSession):
         super().__init__(model.config, graph_specs(model.config)["decoder"], TorchOps(torch))
         self.cross_names = [t.name for t in self.decoder.past_cross]
         self.self_names = [t.name for t in self.decoder.past_self]
+        self.search_width = 0  # the eager reference gives the logits: the search runs on the host, in float64
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, rows: int) -> dict:
         mask = torch.from_numpy(np.array(attention_mask)).to(self.device)
@@ -74,13 +77,15 @@ class TorchSession(RowSession):
         empty = self.model.empty_cache(batch)
         return dict(zip(self.self_names, (t.to(self.device) for kv in empty for t in kv)))
 
-    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
+    def run_decoder(self, input_ids: np.ndarray, need_logits: bool = True) -> tuple[dict, dict]:
+        """The full logits only, whatever is asked: the eager reference leaves the search to the host."""
         t = self.rows.tensors
         ids = torch.from_numpy(input_ids).to(self.device)
         lengths = torch.from_numpy(self.rows.lengths.copy()).to(self.device)
         logits, present = self.model.decode_step(ids, t[MASK], pairs([t[n] for n in self.self_names]),
                                                  pairs([t[n] for n in self.cross_names]), lengths)
-        return logits[:, -1].float().cpu().numpy(), dict(zip(self.self_names, (x for kv in present for x in kv)))
+        return ({"logits": logits[:, -1].float().cpu().numpy()},
+                dict(zip(self.self_names, (x for kv in present for x in kv))))
 
     @torch.inference_mode()
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
@@ -91,8 +96,8 @@ class TorchSession(RowSession):
         super().admit(input_ids, attention_mask, sources, rows)
 
     @torch.inference_mode()
-    def step(self, input_ids: np.ndarray) -> np.ndarray:
-        return super().step(input_ids)
+    def search_step(self, input_ids: np.ndarray, need_logits: bool = True) -> dict:
+        return super().search_step(input_ids, need_logits)
 
     @torch.inference_mode()
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:

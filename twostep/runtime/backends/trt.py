@@ -32,7 +32,7 @@ from twostep.files import write_file_atomic
 from twostep.runtime.backends.base import Backend, Feeds
 from twostep.runtime.backends.profile import Profile
 from twostep.runtime.backends.rows import TorchOps
-from twostep.runtime.backends.session import MASK, RowSession
+from twostep.runtime.backends.session import MASK, RowSession, search_results
 
 INSTALL = "pip install 'twostep[trt]' (TensorRT 10 or 11 wheels) on a machine with an NVIDIA GPU and CUDA"
 
@@ -258,7 +258,7 @@ class TrtBackend(Backend):
             raise BadInput(where + str(exc)) from None
         raise BadInput(f"{where}TensorRT refused shape {list(shape)} (profile {asdict(self.profile)})")
 
-    def _run(self, graph: str, feeds: Feeds) -> Feeds:
+    def _run(self, graph: str, feeds: Feeds, outputs: list[str] | None = None) -> Feeds:
         with self.on_stream():
             outputs = self.execute(graph, {k: self.upload(v) for k, v in feeds.items()})
             return {k: self.download(v) for k, v in outputs.items()}
@@ -295,13 +295,14 @@ class TrtSession(RowSession):
         return {s.name: b.empty(s.concrete(batch=batch, past_len=0), b.torch_dtype("decoder", s.name))
                 for s in self.decoder.past_self}
 
-    def run_decoder(self, input_ids: np.ndarray) -> tuple[np.ndarray, dict]:
+    def run_decoder(self, input_ids: np.ndarray, need_logits: bool = True) -> tuple[dict, dict]:
         b, rows = self.backend, self.rows
         b.profile.check({"batch": rows.rows, "past_len": rows.past_len, "new_len": input_ids.shape[1]})
         out = b.execute("decoder", {"input_ids": b.upload(input_ids), "past_lengths": b.upload(rows.lengths),
                                     **rows.tensors})
         presents = {s.name: out[present_name(s.name)] for s in self.decoder.past_self}
-        return b.download(out["logits"][:, -1]), presents
+        return search_results(out, need_logits, self.decoder, b.download,
+                              lambda logits: b.download(logits[:, -1])), presents
 
     # Every call that touches the device runs on the backend's stream: uploads, row moves (a leaving row can
     # cut the cache), the engines, downloads.
@@ -317,9 +318,9 @@ class TrtSession(RowSession):
         with self.backend.on_stream():
             super().release(rows)
 
-    def step(self, input_ids: np.ndarray) -> np.ndarray:
+    def search_step(self, input_ids: np.ndarray, need_logits: bool = True) -> dict:
         with self.backend.on_stream():
-            return super().step(input_ids)
+            return super().search_step(input_ids, need_logits)
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         with self.backend.on_stream():

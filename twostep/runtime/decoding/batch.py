@@ -2,8 +2,9 @@
 
 A backend hands the loop a `StepSession`: it encodes sentences, then runs one decoder step at a time for
 every row of its batch, keeping the decoder's inputs wherever it likes (host or device). The loop only ever
-sees the logits of the last position and sends back token ids, beam origins for beam search, and which rows
-sentences take and leave.
+sees what the search needs of the last position (each row's best logits and its normaliser, computed in the
+graph, or the full logits where a search needs them: sampling, or a decoder without search outputs) and sends
+back token ids, beam origins for beam search, and which rows sentences take and leave.
 
 Sentences join a `RunningBatch` at any step boundary (their encoder runs alone, their rows start with an empty
 history next to rows that are further on) and leave at the step they are done, so one batch can run for as
@@ -46,6 +47,14 @@ class StepSession(Protocol):
     def step(self, input_ids: np.ndarray) -> np.ndarray:
         """Feed new tokens (B, T) int64, every row (free ones too); return float32 logits of the last position
         (B, V)."""
+
+    search_width: int  # the row's best logits the search outputs hold (C); 0 if the session gives none
+
+    def search_step(self, input_ids: np.ndarray, need_logits: bool = True) -> dict[str, np.ndarray]:
+        """As step, returning what the search reads: "logits" (B, V) if `need_logits` (or search_width is 0),
+        and where search_width > 0 the search outputs of the last position (twostep.artifact.spec):
+        "top_logits" (B, C) float32, the row's C largest logits, largest first, ties to the lower id; "top_ids"
+        (B, C) int64; "log_norm" (B,) float32, log(sum(exp(logits - top_logits[:, 0])))."""
 
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         """Keep batch rows `origin` (B',) of the self-attention cache and, unless `cache_only`, of the cross
@@ -166,27 +175,33 @@ class RunningBatch:
             forced[row, : len(prefix)] = prefix
         self.forced, self.forced_at = forced, forced_at
 
-    def forcing(self, logits: np.ndarray) -> None:
-        """Rows with a forced token at this step: their logits become its one-hot log-probability."""
+    def forcing(self, step: dict[str, np.ndarray]) -> None:
+        """Rows with a forced token at this step: their logits become its one-hot log-probability (in the search
+        outputs: the token the only candidate, with logit and log_norm 0)."""
         if not self.forced.shape[1]:
             return
         at = np.minimum(self.forced_at, self.forced.shape[1] - 1)
         token = np.where(self.forced_at < self.forced.shape[1], self.forced[np.arange(self.rows), at], -1)
         rows = np.flatnonzero(token >= 0)
-        if len(rows):
-            logits[rows] = -np.inf
-            logits[rows, token[rows]] = 0.0
+        if len(rows) and "logits" in step:
+            step["logits"][rows] = -np.inf
+            step["logits"][rows, token[rows]] = 0.0
+        if len(rows) and "top_ids" in step:
+            step["top_logits"][rows] = -np.inf
+            step["top_logits"][rows, 0] = 0.0
+            step["top_ids"][rows, 0] = token[rows]
+            step["log_norm"][rows] = 0.0
         self.forced_at += 1
         if (self.forced_at >= self.forced.shape[1]).all():  # every row is past its forced tokens
             self.forced = np.full((self.rows, 0), -1, np.int64)
     def step(self) -> list[tuple[object, list[Hypothesis]]]:
         """One decoder step for every row; the sentences done at it, with their hypotheses."""
-        logits = self.session.step(self.tokens[:, None])
-        self.forcing(logits)
+        out = self.search_step()
+        self.forcing(out)
         finished, freed = [], []
         origin = None
         for key, g in list(self.groups.items()):
-            done, tokens, local_origin = g.advance(logits)
+            done, tokens, local_origin = g.advance(out)
             self.tokens[g.at] = tokens
             stay = np.ones(len(g), dtype=bool)
             for j, hyps in done.items():
@@ -215,6 +230,15 @@ class RunningBatch:
             self.free += rows.tolist()
             self.compact()
         return finished
+
+    def search_step(self) -> dict[str, np.ndarray]:
+        """One decoder step: the full logits only if a group needs them (or the session gives nothing else)."""
+        width = getattr(self.session, "search_width", 0)
+        if not width:  # a session of logits only
+            return {"logits": self.session.step(self.tokens[:, None])}
+        need = any(g.needs_logits(width) for g in self.groups.values())
+        out = self.session.search_step(self.tokens[:, None], need)
+        return out if need else {name: out[name] for name in ("top_logits", "top_ids", "log_norm")}
 
     def compact(self) -> None:
         """Once more than compact_at of the rows are free, move the others together (group by group)."""

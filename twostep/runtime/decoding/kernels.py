@@ -1,6 +1,7 @@
 """The numeric kernels of a decoding step, on numpy arrays: log-softmax and its per-row normalisers, the rows'
-best candidates, and beam search's selection over whole sentences. They hold no state: a caller that wants a
-large batch's normalisers computed on two threads hands in its own helper thread (`helper`)."""
+best candidates, and beam search's selection over whole sentences, from the full logits or from the decoder's
+search outputs (each row's best logits and its normaliser, computed in the graph). They hold no state: a caller
+that wants a large batch's normalisers computed on two threads hands in its own helper thread (`helper`)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,31 @@ def beam_candidates(logits: np.ndarray, scores: np.ndarray, n: int, skip: list[i
     flat_scores = scores.reshape(-1)
     r, c = row_candidates(logits, n, np.flatnonzero(flat_scores > -np.inf))
     total = flat_scores[r] + ((logits[r, c].astype(np.float64) - top[r]) - lse[r])
+    return best_of_sentences(r, c, total, scores.shape, vocab, n)
+
+
+def beam_candidates_from_top(top_logits: np.ndarray, top_ids: np.ndarray, log_norm: np.ndarray, scores: np.ndarray,
+                             n: int, vocab: int, skip: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """beam_candidates from the decoder's search outputs instead of the logits: each row's C best logits
+    (`top_logits`, largest first, ties to the lower id) and ids, and log_norm = log(sum(exp(logits - max))),
+    with C at least n + len(skip). A row's n best candidates that are not skipped are among its C best, and a
+    candidate's log-probability is (logit - max) - log_norm as in beam_candidates, with log_norm from the graph
+    in float32 (beam_candidates sums in float64): totals may differ from it by the normaliser's rounding."""
+    flat_scores = scores.reshape(-1)
+    ok = (flat_scores > -np.inf)[:, None] & (top_logits > -np.inf)
+    if skip:
+        ok &= ~np.isin(top_ids, skip)
+    r, j = np.nonzero(ok)
+    top = top_logits[:, 0].astype(np.float64)
+    total = flat_scores[r] + ((top_logits[r, j].astype(np.float64) - top[r]) - log_norm[r].astype(np.float64))
+    return best_of_sentences(r, top_ids[r, j], total, scores.shape, vocab, n)
+
+
+def best_of_sentences(r: np.ndarray, c: np.ndarray, total: np.ndarray, shape: tuple[int, int], vocab: int,
+                      n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates (row r, token c, total) of sentences of k rows each -> each sentence's n best totals and flat
+    indices beam * vocab + token, best first, ties to the lower index, padded with -inf and -1."""
+    sentences, k = shape
     sentence, flat = r // k, (r % k) * vocab + c
     order = np.lexsort((flat, -total, sentence))
     sentence, flat, total = sentence[order], flat[order], total[order]

@@ -1,7 +1,8 @@
 """The search strategies. Each is a `Group`: the sentences of a running batch decoded with one DecodeOptions,
-which turns the batch's logits into each of its rows' next token, step by step: `Greedy`, `Sampling`, `Beam`.
-Every row is computed as if its sentence were alone, so what a sentence decodes does not depend on which
-sentences share its group, or when it joined."""
+which turns what a step gives (the batch's logits, or the decoder's search outputs: each row's best logits and
+its normaliser) into each of its rows' next token, step by step: `Greedy`, `Sampling`, `Beam`. Every row is
+computed as if its sentence were alone, so what a sentence decodes does not depend on which sentences share its
+group, or when it joined."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from twostep.runtime.decoding.kernels import PARALLEL_ELEMENTS, beam_candidates, log_softmax, rows_of
+from twostep.runtime.decoding.kernels import (
+    PARALLEL_ELEMENTS,
+    beam_candidates,
+    beam_candidates_from_top,
+    log_softmax,
+    rows_of,
+)
 from twostep.runtime.decoding.options import DecodeOptions, Hypothesis, Specials
+
+ANY_VOCAB = 1 << 32  # beam * ANY_VOCAB + token orders candidates as beam * vocab + token does, for any vocab
 
 
 class Group:
@@ -65,10 +74,20 @@ class Group:
     def close(self) -> None:
         """The group's last sentence left: let go of what the strategy holds beyond arrays (a thread)."""
 
-    def advance(self, logits: np.ndarray) -> tuple[dict[int, list[Hypothesis]], np.ndarray, np.ndarray | None]:
-        """One step, given the whole batch's logits (R, V). Returns the sentences done now (index -> their
-        hypotheses), the next token of each of this group's rows, and for beam search each row's row of
-        origin (an index into this group's rows), else None."""
+    def candidates(self) -> int:
+        """How many of a row's best logits a step needs: 0 if it needs them all."""
+        return 0
+
+    def needs_logits(self, width: int) -> bool:
+        """Whether a step needs the full logits, where the search outputs hold a row's `width` best."""
+        return not 0 < self.candidates() + len(self.blocked) <= width
+
+    def advance(self, step: dict[str, np.ndarray]) -> tuple[dict[int, list[Hypothesis]], np.ndarray,
+                                                             np.ndarray | None]:
+        """One step, given what it gives the whole batch (R rows): its "logits" (R, V), or, where needs_logits
+        is false, only the search outputs "top_logits" and "top_ids" (R, C) and "log_norm" (R,). Returns the
+        sentences done now (index -> their hypotheses), the next token of each of this group's rows, and for
+        beam search each row's row of origin (an index into this group's rows), else None."""
         raise NotImplementedError
 
 
@@ -88,14 +107,22 @@ class Greedy(Group):
     def kept(self, stay: np.ndarray) -> None:
         self.out = self.out[stay]
 
+    def candidates(self) -> int:
+        return 1
+
     def pick(self, logits: np.ndarray) -> np.ndarray:
         return logits.argmax(-1)
 
-    def advance(self, logits: np.ndarray) -> tuple[dict[int, list[Hypothesis]], np.ndarray, None]:
-        logits = rows_of(logits, self.at)
-        if self.blocked:
-            logits[:, self.blocked] = -np.inf
-        next_ids = self.pick(logits)
+    def advance(self, step: dict[str, np.ndarray]) -> tuple[dict[int, list[Hypothesis]], np.ndarray, None]:
+        if "logits" in step:
+            logits = rows_of(step["logits"], self.at)
+            if self.blocked:
+                logits[:, self.blocked] = -np.inf
+            next_ids = self.pick(logits)
+        else:  # the first of each row's best that is not blocked: argmax's pick, ties to the lower id
+            ids = rows_of(step["top_ids"], self.at)
+            first = ~np.isin(ids, self.blocked) if self.blocked else np.ones(ids.shape, bool)
+            next_ids = ids[np.arange(len(ids)), first.argmax(1)]
         self.out[np.arange(len(self)), self.steps] = next_ids
         self.steps += 1
         is_eos = next_ids == self.eos_id
@@ -122,6 +149,9 @@ class Sampling(Greedy):
     def kept(self, stay: np.ndarray) -> None:
         super().kept(stay)
         self.rngs = [r for r, keep in zip(self.rngs, stay) if keep]
+
+    def candidates(self) -> int:
+        return 0  # the distribution, not only its best
 
     def pick(self, logits: np.ndarray) -> np.ndarray:
         o = self.options
@@ -207,15 +237,19 @@ class Beam(Group):
     def best(self, j: int) -> list[Hypothesis]:
         return self.without_forced(j, self.finished[j][: self.n_best])
 
-    def advance(self, logits: np.ndarray) -> tuple[dict[int, list[Hypothesis]], np.ndarray, np.ndarray]:
-        logits = rows_of(logits, self.at)  # (n*K, V)
-        n, k, vocab = len(self), self.k, logits.shape[1]
-        if self.scratch is None or self.scratch.shape[0] < logits.shape[0]:  # the group grew
-            self.scratch = np.empty(logits.shape, dtype=np.float64)
-            if self.helper is None and logits.size >= PARALLEL_ELEMENTS:
-                self.helper = ThreadPoolExecutor(1, thread_name_prefix="twostep-beam")
-        total, flat = beam_candidates(logits, self.scores, 2 * k, self.blocked, self.scratch[: logits.shape[0]],
-                                      self.helper)
+    def candidates(self) -> int:
+        return 2 * self.k
+
+    def advance(self, step: dict[str, np.ndarray]) -> tuple[dict[int, list[Hypothesis]], np.ndarray, np.ndarray]:
+        n, k = len(self), self.k
+        if "logits" in step:
+            vocab = step["logits"].shape[1]
+            total, flat = self.from_logits(rows_of(step["logits"], self.at))  # (n*K, V)
+        else:
+            vocab = ANY_VOCAB
+            total, flat = beam_candidates_from_top(
+                rows_of(step["top_logits"], self.at), rows_of(step["top_ids"], self.at),
+                rows_of(step["log_norm"], self.at), self.scores, 2 * k, vocab, self.blocked)
         beam, token = np.divmod(flat, vocab)
         # Walk each sentence's candidates best first: an eos finishes a hypothesis, any other token continues
         # one, until k continue; the walk stops at the first -inf.
@@ -254,6 +288,14 @@ class Beam(Group):
             self.keep_best(j)
             done[int(j)] = self.best(j)
         return done, next_tokens.reshape(-1), rows
+
+    def from_logits(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.scratch is None or self.scratch.shape[0] < logits.shape[0]:  # the group grew
+            self.scratch = np.empty(logits.shape, dtype=np.float64)
+            if self.helper is None and logits.size >= PARALLEL_ELEMENTS:
+                self.helper = ThreadPoolExecutor(1, thread_name_prefix="twostep-beam")
+        return beam_candidates(logits, self.scores, 2 * self.k, self.blocked, self.scratch[: logits.shape[0]],
+                               self.helper)
 
 
 def strategy(options: DecodeOptions) -> type[Group]:
