@@ -90,13 +90,13 @@ def found(graph_file) -> dict:
 
 def expected(config, inplace: bool, int8: bool) -> dict:
     """Per decoder layer: self-attention's q, k, v (one (d, 3d) product in the in-place decoder) and out,
-    cross-attention's q and out (the encoder computes its K and V), the feed-forward's two; then the generator.
-    A tied generator (the demo's) reads the embedding table through a Transpose, which int8 export leaves fp32
-    (it quantizes constant weights only)."""
+    cross-attention's q and out (the encoder computes its K and V), the feed-forward's two; then the generator,
+    a Gemm over 2-D rows that reads a tied embedding table (the demo's) as it is (transB), so int8 export
+    quantizes it too (through a Transpose of the table, it stayed fp32)."""
     d, layers = config.d_model, config.n_decoder_layers
     shapes = Counter({(d, 3 * d, int8): layers} if inplace else {(d, d, int8): 3 * layers})
     shapes.update({(d, d, int8): 3 * layers, (d, config.d_ff, int8): layers, (config.d_ff, d, int8): layers})
-    shapes[d, config.tgt_vocab_size, int8 and not config.tie_generator] += 1
+    shapes[d, config.tgt_vocab_size, int8] += 1
     return dict(shapes)
 
 

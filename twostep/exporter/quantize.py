@@ -2,7 +2,8 @@
 
 On AVX2 machines without VNNI, ONNX Runtime's u8s8 kernels can saturate their 16-bit intermediate sums;
 `reduce_range` (7-bit weights) avoids that. Attention's activation-by-activation MatMuls stay fp32
-(`MatMulConstBOnly`), as do the LayerNorms and the softmax.
+(`MatMulConstBOnly`), as do the LayerNorms and the softmax. A weight a MatMul reads through a Transpose (a
+generator tied to the embedding table) is transposed once, before quantizing, so that it is quantized too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def quantize_int8(path: Path) -> dict:
     q = QUANTIZATION
     fp32 = path.with_suffix(".fp32.onnx")
     path.rename(fp32)
+    transpose_constant_weights(fp32)
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer logs advice on the root logger
@@ -34,6 +36,37 @@ def quantize_int8(path: Path) -> dict:
         root.setLevel(level)
         fp32.unlink()
     return dict(q)
+
+
+def transpose_constant_weights(path: Path) -> int:
+    """MatMul(x, Transpose(W)) with W an initializer becomes MatMul(x, W_t), W_t a new initializer (W itself
+    stays for its other readers, the embedding's Gather): the quantizer only quantizes constant weights, and a
+    tied generator (the d x vocab product, the largest of a step) would stay fp32. Returns how many."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    weights = {init.name: init for init in graph.initializer}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    done = 0
+    for node in list(graph.node):
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+        if node.op_type != "Transpose" or node.input[0] not in weights or perm != [1, 0]:
+            continue
+        users = readers.get(node.output[0], [])
+        if not users or any(u.op_type != "MatMul" or u.input[1] != node.output[0] for u in users):
+            continue
+        array = numpy_helper.to_array(weights[node.input[0]])
+        graph.initializer.append(numpy_helper.from_array(array.T.copy(), node.output[0]))
+        graph.node.remove(node)  # its output is now the initializer of the same name
+        done += 1
+    if done:
+        onnx.save(model, str(path))
+    return done
 
 
 def fuse_transformer_ops(path: Path, n_heads: int, d_model: int) -> dict:
