@@ -34,10 +34,10 @@ def search_outputs(logits: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
     """The decoder's search outputs (twostep.artifact.spec) from its logits (B, T, V): of the last position,
     log_norm = log(sum(exp(logits - max))), and the `width` largest logits and their ids (fp16 exports convert
     them with the rest of the graph)."""
-    last = logits[:, -1].float()
-    top_logits, top_ids = torch.topk(last, width, dim=-1)
-    log_norm = torch.log(torch.exp(last - top_logits[:, :1]).sum(-1))
-    return log_norm, top_logits, top_ids
+    logits = logits.float()  # over every position, then the last one's: no copy of the last position's logits
+    top_logits, top_ids = torch.topk(logits, width, dim=-1)
+    log_norm = torch.log(torch.exp(logits - top_logits[..., :1]).sum(-1))
+    return log_norm[:, -1], top_logits[:, -1], top_ids[:, -1]
 
 
 class DecoderGraph(nn.Module):
