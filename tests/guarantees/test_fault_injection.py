@@ -255,14 +255,14 @@ def test_a_step_session_shared_by_threads_refuses_the_second_caller(tiny_artifac
     with OrtBackend(artifact) as backend:
         session = backend.session()
         inside, release = threading.Event(), threading.Event()
-        step = session.step
+        step = session.search_step
 
-        def slow_step(ids):  # the first caller pauses inside its decode
+        def slow_step(ids, need_logits=True):  # the first caller pauses inside its decode
             inside.set()
             release.wait(timeout=30)
-            return step(ids)
+            return step(ids, need_logits)
 
-        session.step = slow_step
+        session.search_step = slow_step
         common = dict(specials=SPECIALS, max_new_tokens=5)
         first: list = []
         worker = threading.Thread(target=lambda: first.append(
@@ -273,7 +273,7 @@ def test_a_step_session_shared_by_threads_refuses_the_second_caller(tiny_artifac
             decode(session, SOURCES, DecodeOptions(), **common)
         release.set()
         worker.join(timeout=60)
-        session.step = step
+        session.search_step = step
         assert first == [decode(session, SOURCES, DecodeOptions(), **common)]
 
 

@@ -67,7 +67,7 @@ def test_drain_answers_requests_through_the_delay_then_closes_and_finishes_those
         started = time.monotonic()
         assert translate(40)[0] == 200  # 320 steps: this machine's step time sizes the last request
         step_s = (time.monotonic() - started) / 320
-        late_sentences = min(160, max(8, round(8.0 / (step_s * 100))))  # about 8 s of steps; 160 x 4 x 100 < work cap
+        late_sentences = min(64, max(8, round(8.0 / (step_s * 100))))  # ~8 s of steps; 64: the sentence cap
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
 

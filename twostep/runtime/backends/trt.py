@@ -210,8 +210,9 @@ class TrtBackend(Backend):
         return self.torch.from_numpy(np.array(array, order="C")).to(self.device)
 
     def download(self, value) -> np.ndarray:
-        """A device tensor on the host as float32; it waits for the stream's work on it."""
-        return value.float().cpu().numpy()
+        """A device tensor on the host, floats as float32, integers (the search outputs' ids) as they are; it
+        waits for the stream's work on it."""
+        return (value.float() if value.is_floating_point() else value).cpu().numpy()
 
     def empty(self, shape, dtype):
         return self.torch.empty(shape, dtype=dtype, device=self.device)
