@@ -119,13 +119,24 @@ class Pretrained:
     langs: dict
     greedy: tuple[list[list[int]], list[str]]
     beam: tuple[list[list[int]], list[str]]
+    other_target: str | None  # a second target language, forced per row (None: the family forces none)
+
+    @property
+    def text_in_cpp(self) -> bool:
+        """The C++ library tokenizes text with SentencePiece; a tokenizer.json alone it refuses."""
+        return self.name not in JSON_ONLY
 
 
-PRETRAINED = {  # name: (builder, languages)
-    "marian": (lambda out: hf_models.marian_dir(out), {"tgt_lang": "fra"}),
-    "marian-separate": (lambda out: hf_models.marian_dir(out, separate=True), {}),
-    "m2m100": (hf_models.m2m100_dir, {"src_lang": "en", "tgt_lang": "fr"}),
+PRETRAINED = {  # name: (builder, languages, a second target language forced per row)
+    "marian": (lambda out: hf_models.marian_dir(out), {"tgt_lang": "fra"}, None),
+    "marian-separate": (lambda out: hf_models.marian_dir(out, separate=True), {}, None),
+    "m2m100": (hf_models.m2m100_dir, {"src_lang": "en", "tgt_lang": "fr"}, "de"),
+    "nllb": (hf_models.nllb_dir, {"src_lang": "eng_Latn", "tgt_lang": "fra_Latn"}, "deu_Latn"),
+    "nllb-json": (lambda out: hf_models.nllb_dir(out, with_spm=False), {"src_lang": "eng_Latn", "tgt_lang": "fra_Latn"},
+                  "deu_Latn"),
+    "mbart50": (hf_models.mbart50_dir, {"src_lang": "en_XX", "tgt_lang": "fr_XX"}, "de_DE"),
 }
+JSON_ONLY = {"nllb-json"}  # tokenizer.json without the SentencePiece model (as transformers 5 saves it)
 NEW_TOKENS = 20
 
 
@@ -136,7 +147,7 @@ def pretrained(request, tmp_path_factory) -> Pretrained:
     from twostep.exporter.export import export
     from twostep.model.hf import import_hf_directory
 
-    build, langs = PRETRAINED[request.param]
+    build, langs, other_target = PRETRAINED[request.param]
     root = tmp_path_factory.mktemp(request.param)
     hf = build(root / "hf")
     import_hf_directory(hf, root / "ckpt")
@@ -144,4 +155,4 @@ def pretrained(request, tmp_path_factory) -> Pretrained:
     sentences = hf_models.TEST_SENTENCES
     return Pretrained(request.param, hf, root / "ckpt", root / "art", langs,
                       hf_models.reference(hf, sentences, NEW_TOKENS, **langs),
-                      hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs))
+                      hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs), other_target)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import sentencepiece as spm
@@ -153,6 +154,64 @@ def m2m100_dir(out: Path, seed: int = 0) -> Path:
     return out
 
 
+NLLB_CODES = ["eng_Latn", "fra_Latn", "deu_Latn", "zho_Hant"]
+PADDING_ROWS = 3  # NLLB's embedding has rows beyond its tokenizer's ids
+
+
+def nllb_dir(out: Path, with_spm: bool = True, seed: int = 0, train_steps: int = STEPS) -> Path:
+    """An NLLB model (M2M100's architecture with NllbTokenizer) and its tokenizer as the hub's repositories hold it
+    (sentencepiece.bpe.model beside tokenizer.json), or, `with_spm` False, as transformers 5 saves it
+    (tokenizer.json alone). A few language codes of NLLB's 202; padding rows in the embedding."""
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+
+    spm_file = bpe_model(out)
+    tokenizer = NllbTokenizer.from_pretrained(spm_file.parent, src_lang="eng_Latn", tgt_lang="fra_Latn",
+                                              additional_special_tokens=NLLB_CODES)
+    config = M2M100Config(vocab_size=len(tokenizer) + PADDING_ROWS, **FAIRSEQ_SIZES, activation_function="relu")
+    model = M2M100ForConditionalGeneration(config).eval()
+    return finish(model, tokenizer, out, spm_file if with_spm else None, seed, train_steps)
+
+
+def mbart50_dir(out: Path, with_spm: bool = True, seed: int = 0, train_steps: int = STEPS) -> Path:
+    """An mBART-50 model (MBartForConditionalGeneration with MBart50Tokenizer's 52 language codes): learned
+    positions, embedding norms, gelu, a final_logits_bias."""
+    from transformers import MBart50Tokenizer, MBartConfig, MBartForConditionalGeneration
+
+    spm_file = bpe_model(out, "unigram")
+    tokenizer = MBart50Tokenizer.from_pretrained(spm_file.parent, src_lang="en_XX", tgt_lang="fr_XX")
+    config = MBartConfig(vocab_size=len(tokenizer), **FAIRSEQ_SIZES, activation_function="gelu")
+    model = MBartForConditionalGeneration(config).eval()
+    return finish(model, tokenizer, out, spm_file if with_spm else None, seed, train_steps)
+
+
+FAIRSEQ_SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                     scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                     forced_eos_token_id=None, dropout=0.0)
+
+
+def bpe_model(out: Path, model_type: str = "bpe") -> Path:
+    """The SentencePiece model of NLLB and mBART (both name it sentencepiece.bpe.model; mBART's is a unigram)."""
+    work = out / "src"
+    work.mkdir(parents=True, exist_ok=True)
+    return train_spm(work / "sentencepiece.bpe.model", SOURCE_TEXT + TARGET_TEXT, 80, model_type=model_type)
+
+
+def finish(model, tokenizer, out: Path, spm_file: Path | None, seed: int, train_steps: int) -> Path:
+    """Randomize, train and save a model whose target language is forced after the decoder's start."""
+    from transformers import GenerationConfig
+
+    randomize(model, seed, std=0.1)
+    train(model, tokenizer, train_steps)
+    model.generation_config = GenerationConfig(decoder_start_token_id=2, eos_token_id=2, pad_token_id=1,
+                                               bos_token_id=0, forced_eos_token_id=None, max_length=64)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if spm_file is not None:
+        shutil.copy(spm_file, out / "sentencepiece.bpe.model")
+    return out
+
+
 def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int = 1, src_lang: str | None = None,
               tgt_lang: str | None = None) -> tuple[list[list[int]], list[str]]:
     """transformers' generate() (greedy, or beam search with `beams`) one sentence at a time: the generated ids
@@ -163,13 +222,15 @@ def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
     kwargs = {}
+    marian = type(tokenizer).__name__.startswith("Marian")
     if src_lang:
         tokenizer.src_lang = src_lang
-    if tgt_lang and hasattr(tokenizer, "get_lang_id"):
-        kwargs["forced_bos_token_id"] = tokenizer.get_lang_id(tgt_lang)
+    if tgt_lang and not marian:
+        kwargs["forced_bos_token_id"] = (tokenizer.get_lang_id(tgt_lang) if hasattr(tokenizer, "get_lang_id")
+                                         else tokenizer.convert_tokens_to_ids(tgt_lang))
     tokens, texts_out = [], []
     for text in texts:
-        if tgt_lang and not hasattr(tokenizer, "get_lang_id"):
+        if tgt_lang and marian:
             text = f">>{tgt_lang}<< {text}"
         batch = tokenizer([text], return_tensors="pt")
         with torch.no_grad():
@@ -178,7 +239,9 @@ def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int
         # transformers 5's M2M100Tokenizer keeps language tokens in decoded text even with skip_special_tokens
         # (4.x dropped them, as twostep does): the text is that of the tokens after the forced language token.
         out = out[1 + bool(kwargs):]  # the start token, the forced language token
-        texts_out.append(tokenizer.decode(out, skip_special_tokens=True))
+        # twostep strips the surrounding whitespace that NLLB's and mBART's tokenizers keep where a "▁" piece
+        # begins or ends the output
+        texts_out.append(tokenizer.decode(out, skip_special_tokens=True).strip())
         if model.generation_config.eos_token_id in out:
             out = out[: out.index(model.generation_config.eos_token_id)]
         tokens.append(out)

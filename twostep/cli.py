@@ -111,8 +111,10 @@ def translate(
     device: str = typer.Option("cpu", help="torch backend only: cpu or cuda."),
     ids: bool = typer.Option(False, "--ids", help="Input and output are token ids separated by spaces."),
     as_json: bool = typer.Option(False, "--json"),
-    src_lang: Optional[str] = typer.Option(None, help="Source language of a multilingual model (M2M100: en)."),
-    tgt_lang: Optional[str] = typer.Option(None, help="Target language (M2M100: fr; multilingual Marian: fra)."),
+    src_lang: Optional[str] = typer.Option(None, help="Source language of a multilingual model (M2M100: en; "
+                                           "NLLB: eng_Latn; mBART-50: en_XX)."),
+    tgt_lang: Optional[str] = typer.Option(None, help="Target language (M2M100: fr; NLLB: fra_Latn; mBART-50: "
+                                           "fr_XX; multilingual Marian: fra)."),
     beam_stop: str = typer.Option("n_best", help="Beam search's stopping rule: n_best, or transformers (its "
                                   "generate()'s: keeps --beam finished hypotheses, may run longer)."),
 ) -> None:
@@ -456,12 +458,13 @@ def init_cmd(
 
 @app.command("import")
 def import_cmd(
-    src: Path = typer.Argument(..., help="A transformers model directory (Marian/OPUS-MT, M2M100) or hub name "
-                               "(ORG/NAME, downloaded with the hub extra), or a torch.save'd state dict of a seed "
-                               "family (loaded with weights_only=True)."),
+    src: Path = typer.Argument(..., help="A transformers model directory (Marian/OPUS-MT, M2M100, NLLB, mBART-50) "
+                               "or hub name (ORG/NAME, downloaded with the hub extra), or a torch.save'd state dict "
+                               "of a seed family (loaded with weights_only=True)."),
     out_dir: Path = typer.Option(..., "--out"),
-    fmt: Optional[str] = typer.Option(None, "--format", help="A directory: marian or m2m_100 (default: config.json's "
-                                      "model_type). A state dict: annotated, jadore, mha or nn-transformer."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="A directory: marian, m2m_100, nllb or mbart (default: "
+                                      "config.json's model_type). A state dict: annotated, jadore, mha or "
+                                      "nn-transformer."),
     n_heads: Optional[int] = typer.Option(None, "--heads", min=1, help="A state dict's attention heads (shapes "
                                           "cannot tell)."),
     tokenizer: Optional[Path] = typer.Option(None, help="A state dict: SentencePiece model to ship with it."),

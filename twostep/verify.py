@@ -62,7 +62,7 @@ def test_sources(artifact, limit: int | None, seed: int = 0) -> list[list[int]]:
     """Token ids of the task's test split, or random sentences when the model has no task or tokenizer."""
     task, spec = artifact.manifest.task, artifact.tokenizer
     if task and spec is not None:
-        tokenizer = Tokenizer(artifact.path, spec)
+        tokenizer = Tokenizer.load(artifact.path, spec)
         return [tokenizer.encode_source(src) for src, _ in get_task(task).split("test")[:limit]]
     c = artifact.config
     rng = np.random.default_rng(seed)

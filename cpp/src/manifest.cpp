@@ -204,6 +204,7 @@ std::string name_or_empty(const json& object, const char* key) {
 // pieces, no languages.
 TokenizerSpec read_tokenizer(const json& tok) {
   TokenizerSpec t;
+  t.kind = tok.value("kind", std::string("sentencepiece"));
   t.source_model = tok.at("source_model").get<std::string>();
   t.target_model = tok.at("target_model").get<std::string>();
   t.source_vocab = name_or_empty(tok, "source_vocab");
@@ -212,6 +213,7 @@ TokenizerSpec read_tokenizer(const json& tok) {
   t.special_pieces = tok.value("special_pieces", json::array()).get<std::vector<std::string>>();
   t.drop_ids = tok.at("drop_ids").get<Ids>();
   t.unk_id = tok.at("unk_id").get<int64_t>();
+  t.trailing_space = tok.value("trailing_space", json::array()).get<Ids>();
   return t;
 }
 
@@ -405,6 +407,9 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
       if (!tokenizer.is_object())
         throw Error(where + ": malformed manifest (tokenizer: expected an object, got " + tokenizer.type_name() + ")");
       m.tokenizer = read_tokenizer(tokenizer);
+      if (m.tokenizer->kind != "sentencepiece" && m.tokenizer->kind != "tokenizers")
+        throw Error(where + ": malformed manifest (tokenizer: kind '" + m.tokenizer->kind +
+                    "' is not one of sentencepiece, tokenizers)");
       m.languages = read_languages(tokenizer);
     }
     m.encoder = read_graph(j.at("graphs").at("encoder"));

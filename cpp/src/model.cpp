@@ -390,6 +390,10 @@ struct Model::Impl final : detail::StepSession {
   }
 
   const Tokenizer& text_tokenizer() const {
+    if (m.tokenizer && m.tokenizer->kind == "tokenizers")
+      throw Error("this model's tokenizer is a Hugging Face tokenizer.json, which the C++ library does not read: pass "
+                  "token ids (translate_ids), or import the model from a directory that also holds its "
+                  "sentencepiece.bpe.model");
     if (!tokenizer) throw Error("this model has no tokenizer: text translation needs one (token-id APIs work without)");
     return *tokenizer;
   }
@@ -474,7 +478,7 @@ std::unique_ptr<Model::Impl> Model::Impl::load(const fs::path& dir, const Option
     x.gather_float = x.open_gather(options, x.float_type);
     x.gather_int64 = x.open_gather(options, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
   }
-  if (m.tokenizer) x.tokenizer = Tokenizer::load(m);
+  if (m.tokenizer && m.tokenizer->kind == "sentencepiece") x.tokenizer = Tokenizer::load(m);
   return impl;
 }
 

@@ -101,18 +101,21 @@ struct Tokenizer::Impl {
     return nullptr;
   }
 
-  // One stretch of text without special pieces, through SentencePiece.
+  // One stretch of text without special pieces, through SentencePiece; spec.trailing_space after it where it
+  // ends in whitespace (twostep/runtime/tokenizer.py's WHITESPACE).
   void append_chunk(const std::string& chunk, Ids& out) const {
     if (chunk.empty()) return;
     if (!source_ids) {
       std::vector<int> ids;
       if (auto status = source.Encode(chunk, &ids); !status.ok()) throw Error("tokenizer: " + status.ToString());
       out.insert(out.end(), ids.begin(), ids.end());
-      return;
+    } else {
+      std::vector<std::string> pieces;
+      if (auto status = source.Encode(chunk, &pieces); !status.ok()) throw Error("tokenizer: " + status.ToString());
+      for (const std::string& piece : pieces) out.push_back(piece_id(piece));
     }
-    std::vector<std::string> pieces;
-    if (auto status = source.Encode(chunk, &pieces); !status.ok()) throw Error("tokenizer: " + status.ToString());
-    for (const std::string& piece : pieces) out.push_back(piece_id(piece));
+    if (std::string(" \t\n\r\f\v").find(chunk.back()) != std::string::npos)
+      out.insert(out.end(), spec.trailing_space.begin(), spec.trailing_space.end());
   }
 
   // The source language's ids, then the target language's source ids (the defaults where none is given).

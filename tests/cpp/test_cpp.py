@@ -204,15 +204,31 @@ def test_cpp_unit_tests(cpp_build):
 
 
 def test_cpp_decodes_pretrained_families_as_transformers_does(cpp_build, pretrained):
-    """Marian (a >>fra<< source token, pad never generated, decoding from pad) and M2M100 (the __en__ source
-    token, the __fr__ token forced after eos): transformers' generate() text, greedy and beam 4 with its
-    stopping rule, from the manifest alone."""
+    """Marian (a >>fra<< source token, pad never generated, decoding from pad), M2M100, NLLB and mBART-50 (the
+    source language's token first, the target's forced after eos): transformers' generate() text, greedy and
+    beam 4 with its stopping rule, from the manifest alone. NLLB with a tokenizer.json alone: text is refused with
+    one line that says what to pass instead (tests/cpp's token-id test covers its ids)."""
     import hf_models
     from conftest import NEW_TOKENS
 
     langs = [arg for key, flag in (("src_lang", "--src-lang"), ("tgt_lang", "--tgt-lang"))
              if key in pretrained.langs for arg in (flag, pretrained.langs[key])]
     common = ["--max-new-tokens", NEW_TOKENS, *langs]
+    if not pretrained.text_in_cpp:
+        refused = translate(cpp_build, pretrained.art, hf_models.TEST_SENTENCES, *common)
+        assert refused.returncode == 1 and "tokenizer.json, which the C++ library does not read" in refused.stderr
+        assert "translate_ids" in refused.stderr and "Traceback" not in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        from twostep.model.checkpoint import read_tokenizer
+        from twostep.runtime.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.load(pretrained.ckpt, read_tokenizer(pretrained.ckpt))  # the ids, from Python
+        ids = [" ".join(map(str, tokenizer.encode_source(s, **pretrained.langs))) for s in hf_models.TEST_SENTENCES]
+        by_ids = translate(cpp_build, pretrained.art, ids, "--ids", "--max-new-tokens", NEW_TOKENS, "--tgt-lang",
+                           pretrained.langs["tgt_lang"])
+        assert by_ids.returncode == 0, by_ids.stderr
+        assert [[int(i) for i in line.split()] for line in by_ids.stdout.splitlines()] == pretrained.greedy[0]
+        return
     greedy = translate(cpp_build, pretrained.art, hf_models.TEST_SENTENCES, *common)
     assert greedy.returncode == 0, greedy.stderr
     assert greedy.stdout.splitlines() == pretrained.greedy[1]

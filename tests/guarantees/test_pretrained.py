@@ -1,5 +1,6 @@
-"""Pretrained families (twostep/model/hf.py): a Marian model with a shared vocabulary (translating with a >>fra<<
-token), one with separate vocabularies, and an M2M100 model (en -> fr), each built by transformers itself,
+"""Pretrained families (twostep/model/hf/): a Marian model with a shared vocabulary (translating with a >>fra<<
+token), one with separate vocabularies, an M2M100 model (en -> fr), NLLB models in both tokenizer layouts
+(eng_Latn -> fra_Latn) and an mBART-50 model (en_XX -> fr_XX), each built by transformers itself,
 imported, exported, and decoded by twostep: exactly transformers' generate() tokens and text, greedy and beam 4
 (with transformers' stopping rule), on both of ort-cpu's decoders and through the CLI. The server's and the C++
 library's parity are in tests/serving and tests/cpp, on the same models."""
@@ -58,17 +59,18 @@ def test_the_cli_translates_text_with_languages_as_transformers_does(pretrained)
 
 
 def test_sentences_to_different_languages_share_a_batch(pretrained):
-    """M2M100's target language is a token forced after the decoder's start, one per row: a batch of sentences
-    to French and German decodes each as transformers does alone."""
-    if pretrained.name != "m2m100":
-        pytest.skip("the forced target-language token is M2M100's")
-    german = hf_models.reference(pretrained.hf, SENTENCES, NEW_TOKENS, src_lang="en", tgt_lang="de")
+    """M2M100's, NLLB's and mBART-50's target language is a token forced after the decoder's start, one per row: a
+    batch of sentences to French and German decodes each as transformers does alone."""
+    if pretrained.other_target is None:
+        pytest.skip("a target-language token forced after the decoder's start is M2M100's, NLLB's and mBART-50's")
+    src, french, german = pretrained.langs["src_lang"], pretrained.langs["tgt_lang"], pretrained.other_target
+    german = hf_models.reference(pretrained.hf, SENTENCES, NEW_TOKENS, src_lang=src, tgt_lang=german)
     translator, backend = open_translator(pretrained.art, options=DecodeOptions(max_new_tokens=NEW_TOKENS))
     with backend:
-        french_ids = translator.encode(SENTENCES, "en", "fr")
-        german_ids = translator.encode(SENTENCES, "en", "de")
+        french_ids = translator.encode(SENTENCES, src, french)
+        german_ids = translator.encode(SENTENCES, src, pretrained.other_target)
         sources = [ids for pair in zip(french_ids, german_ids) for ids in pair]
-        prefixes = [translator.prefix(lang) for _ in SENTENCES for lang in ("fr", "de")]
+        prefixes = [translator.prefix(lang) for _ in SENTENCES for lang in (french, pretrained.other_target)]
         assert prefixes[0] != prefixes[1]
         hyps = translator.decode_ids(sources, prefixes=prefixes)
     tokens = [h[0].tokens for h in hyps]

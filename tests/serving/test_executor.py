@@ -98,7 +98,7 @@ def make(demo, **limits) -> tuple[BatchingTranslator, Recorder, Counting]:
     artifact, backend = demo
     session, metrics = Recorder(backend.session()), Counting()
     session.express = Recorder(backend.session()) if limits.get("express_tokens") else None
-    tokenizer = Tokenizer(artifact.path, artifact.tokenizer)
+    tokenizer = Tokenizer.load(artifact.path, artifact.tokenizer)
     ex = BatchingTranslator(session, Limits.of(artifact.config), tokenizer, limits=BatchLimits(**limits),
                             metrics=metrics, express_session=session.express)
     return ex, session, metrics
@@ -119,7 +119,7 @@ def test_sentences() -> list[str]:
 def sequential(demo, requests, options) -> list:
     """Each request alone, one after another, through the plain Translator: what callers must get."""
     artifact, backend = demo
-    plain = Translator(backend.session(), Limits.of(artifact.config), Tokenizer(artifact.path, artifact.tokenizer))
+    plain = Translator(backend.session(), Limits.of(artifact.config), Tokenizer.load(artifact.path, artifact.tokenizer))
     return [plain.translate_nbest(texts, options) for texts in requests]
 
 

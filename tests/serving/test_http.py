@@ -195,14 +195,15 @@ def test_requests_arriving_during_a_batch_join_it_only_in_flight(demo_artifact, 
 
 def test_pretrained_families_translate_per_request_languages_as_transformers_does(pretrained):
     """`src_lang`/`tgt_lang` per request; concurrent requests to different target languages share batches
-    (M2M100's language token is a per-row forced token) and each gets transformers' translation."""
+    (M2M100's, NLLB's and mBART-50's language token is a per-row forced token) and each gets transformers'
+    translation."""
     import hf_models
     from conftest import NEW_TOKENS
 
     requests = [(dict(pretrained.langs), pretrained.greedy[1])]
-    if pretrained.name == "m2m100":
-        german = hf_models.reference(pretrained.hf, hf_models.TEST_SENTENCES, NEW_TOKENS, src_lang="en", tgt_lang="de")
-        requests.append(({"src_lang": "en", "tgt_lang": "de"}, german[1]))
+    if pretrained.other_target:
+        other = {"src_lang": pretrained.langs["src_lang"], "tgt_lang": pretrained.other_target}
+        requests.append((other, hf_models.reference(pretrained.hf, hf_models.TEST_SENTENCES, NEW_TOKENS, **other)[1]))
     with server(pretrained.art, "--max-wait-ms", 50) as (url, _):
         def ask(langs):
             texts = []
@@ -216,6 +217,11 @@ def test_pretrained_families_translate_per_request_languages_as_transformers_doe
             answers = list(pool.map(ask, [langs for langs, _ in requests]))
         for (_, want), got in zip(requests, answers):
             assert got == want
-        bad = post(url, {"text": ["hello"], "tgt_lang": "xx", **({"src_lang": "en"} if "src_lang" in
-                                                                  pretrained.langs else {})})
+        bad = post(url, {"text": ["hello"], "tgt_lang": "xx", **({"src_lang": pretrained.langs["src_lang"]} if
+                                                                  "src_lang" in pretrained.langs else {})})
         assert bad.status_code == 400 and "unknown target language 'xx'" in bad.json()["error"]
+        if pretrained.other_target:  # a forced target language, none given: the error names the request's field
+            missing = post(url, {"text": ["hello"], "src_lang": pretrained.langs["src_lang"]})
+            assert missing.status_code == 400, missing.text
+            assert "needs a target language: tgt_lang one of" in missing.json()["error"]
+            assert "--tgt-lang" not in missing.json()["error"]

@@ -17,8 +17,9 @@ FIELD_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (boo
 NORM_TYPES = ("torch", "annotated")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 # The sinusoid a position table holds (twostep.model.transformer.position_table): the paper's interleaved sin/cos;
-# Marian's sin half then cos half; fairseq's (M2M100, NLLB) halves with a (D/2 - 1) denominator.
-POSITIONS = ("paper", "marian", "fairseq")
+# Marian's sin half then cos half; fairseq's (M2M100, NLLB) halves with a (D/2 - 1) denominator; "learned": no
+# sinusoid, but a table per stack that the model's weights hold (mBART), loaded, never computed.
+POSITIONS = ("paper", "marian", "fairseq", "learned")
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class ModelConfig:
     tie_generator: bool = False  # generator weight is the target embedding
     logit_scale: float = 1.0
     activation: str = "relu"  # the feed-forward's: relu, gelu (erf), gelu_tanh, silu (swish)
-    positions: str = "paper"  # which sinusoid fills the position table (POSITIONS)
+    positions: str = "paper"  # which sinusoid fills the position table (POSITIONS); "learned": one per stack
     position_offset: int = 0  # position p reads the sinusoid's row p + offset (fairseq: pad_id + 1)
     decoder_start_id: int | None = None  # the decoder's first input; None: bos_id (Marian: pad; M2M100: eos)
     never_generate: tuple[int, ...] = ()  # target ids decoding never picks (Marian's pad)

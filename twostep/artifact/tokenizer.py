@@ -1,12 +1,19 @@
 """How text becomes token ids and back: the manifest's `tokenizer` section (schema 3), which every consumer
 (the Python runtime, the C++ library) follows the same way.
 
+    kind                         "sentencepiece" (default) or "tokenizers": a Hugging Face tokenizer.json that the
+                                 tokenizers library runs (NLLB and mBART-50 as transformers 5 saves them; Python
+                                 only: the C++ library refuses text for it and takes token ids)
     source_model, target_model   SentencePiece models: one splits source text into pieces, one joins target
-                                 pieces into text (the same file where a model has one)
+                                 pieces into text (the same file where a model has one); for "tokenizers" the
+                                 tokenizer.json, which gives the model's ids itself (added tokens included)
     source_vocab, target_vocab   {piece: id} tables where the model's ids are not SentencePiece's own (Marian's
                                  vocab.json, M2M100's fairseq-ordered vocabulary with its language tokens); null:
                                  SentencePiece's ids are the model's (the seeds)
     source_suffix                ids after every source sentence (eos)
+    trailing_space               ids after a stretch of text (between special pieces, or the last) that ends in
+                                 whitespace (space, tab, newline, CR, FF, VT): tokenizers' Metaspace keeps it as a
+                                 "▁" piece where SentencePiece drops it (NLLB's tokenizer.json); () for none
     special_pieces               pieces found anywhere in the text, each one id (">>fra<<", "__fr__", "</s>")
     unk_id                       the source id of a piece missing from source_vocab
     drop_ids                     ids left out of decoded text (pad, eos, unk, language tokens)
@@ -20,6 +27,7 @@ starts from the model's start id (model.decoder_start_id, else bos) followed by 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +36,22 @@ from twostep.artifact.trust import safe_name
 from twostep.errors import BadArtifact, BadInput
 
 Ids = tuple[int, ...]
+KINDS = ("sentencepiece", "tokenizers")
+
+
+class MissingLanguage(BadInput):
+    """A request without a language where the model needs one. Its message names the CLI's option; a front with
+    other names (the HTTP API's fields) words it with `worded`."""
+
+    OPTIONS = {"source": "--src-lang", "target": "--tgt-lang"}  # the CLI's
+    FIELDS = {"source": "src_lang", "target": "tgt_lang"}  # the HTTP API's, the Python API's arguments
+
+    def __init__(self, side: str, known: Mapping[str, Any]):
+        self.side, self.codes = side, sorted(known)
+        super().__init__(self.worded(self.OPTIONS[side]))
+
+    def worded(self, name: str) -> str:
+        return f"this model needs a {self.side} language: {name} one of {', '.join(self.codes)}"
 
 
 @dataclass(frozen=True)
@@ -50,11 +74,10 @@ class Languages:
         source, where its users may also type them (">>fra<< text"), so they may be left out."""
         known = self.source if side == "source" else self.target
         code = code or (self.default_source if side == "source" else self.default_target)
-        flag = "--src-lang" if side == "source" else "--tgt-lang"
         if code is None:
             needed = bool(known) if side == "source" else any(t.decoder for t in self.target.values())
             if needed:
-                raise BadInput(f"this model needs a {side} language: {flag} one of {', '.join(sorted(known))}")
+                raise MissingLanguage(side, known)
             return None
         if code not in known:
             have = f"this model has {', '.join(sorted(known))}" if known else f"this model has no {side} languages"
@@ -78,6 +101,8 @@ class TokenizerSpec:
     target_vocab: str | None = None
     special_pieces: tuple[str, ...] = ()
     languages: Languages = Languages()
+    kind: str = "sentencepiece"
+    trailing_space: Ids = ()
 
     @classmethod
     def sentencepiece(cls, file: str, pad: int, unk: int, bos: int, eos: int) -> TokenizerSpec:
@@ -98,15 +123,15 @@ class TokenizerSpec:
         """The same spec with its files renamed (a checkpoint's files as an artifact stores them)."""
         def rename(n: str | None) -> str | None:
             return None if n is None else names.get(n, n)
-        return TokenizerSpec(rename(self.source_model), rename(self.target_model), self.source_suffix,
-                             self.drop_ids, self.unk_id, rename(self.source_vocab), rename(self.target_vocab),
-                             self.special_pieces, self.languages)
+        return dataclasses.replace(self, source_model=rename(self.source_model), target_model=rename(self.target_model),
+                                   source_vocab=rename(self.source_vocab), target_vocab=rename(self.target_vocab))
 
     def to_json(self) -> dict[str, Any]:
-        return {"source_model": self.source_model, "target_model": self.target_model,
+        return {"kind": self.kind, "source_model": self.source_model, "target_model": self.target_model,
                 "source_vocab": self.source_vocab, "target_vocab": self.target_vocab,
                 "source_suffix": list(self.source_suffix), "special_pieces": list(self.special_pieces),
-                "drop_ids": list(self.drop_ids), "unk_id": self.unk_id, "languages": self.languages.to_json()}
+                "drop_ids": list(self.drop_ids), "unk_id": self.unk_id, "trailing_space": list(self.trailing_space),
+                "languages": self.languages.to_json()}
 
     @classmethod
     def parse(cls, data: Any, where: str, vocab: tuple[int, int]) -> TokenizerSpec:
@@ -150,12 +175,16 @@ class TokenizerSpec:
         if not isinstance(pieces, list) or not all(isinstance(p, str) and p for p in pieces):
             raise bad("special_pieces must be a list of non-empty strings")
         unk = data.get("unk_id")
-        return cls(source_model=file("source_model"), target_model=file("target_model"),
+        kind = data.get("kind", "sentencepiece")
+        if kind not in KINDS:
+            raise bad(f"kind {kind!r:.30} is not one of {', '.join(KINDS)}")
+        return cls(kind=kind, source_model=file("source_model"), target_model=file("target_model"),
                    source_vocab=file("source_vocab", True), target_vocab=file("target_vocab", True),
                    source_suffix=ids(data.get("source_suffix"), "source_suffix"),
                    drop_ids=ids(data.get("drop_ids"), "drop_ids", 1),
                    unk_id=ids([unk], "unk_id")[0], special_pieces=tuple(pieces),
+                   trailing_space=ids(data.get("trailing_space", []), "trailing_space"),
                    languages=Languages(source, target, *defaults))
 
 
-__all__ = ["TokenizerSpec", "Languages", "TargetLanguage"]
+__all__ = ["TokenizerSpec", "Languages", "TargetLanguage", "MissingLanguage"]

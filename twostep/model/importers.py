@@ -110,10 +110,12 @@ class Mapper:
         self.used.add(theirs)
         return table[: config.max_positions]
 
-    def build(self, config: ModelConfig, positions: torch.Tensor) -> Transformer:
-        """Check all pairs against a model of `config`; raise one error listing every problem."""
+    def build(self, config: ModelConfig, positions: torch.Tensor | None) -> Transformer:
+        """Check all pairs against a model of `config`; raise one error listing every problem. `positions`: the
+        position table, where the mapped tensors do not hold it (learned tables are mapped)."""
         model = Transformer(config)
-        self.tensors["pos_table"] = positions
+        if positions is not None:
+            self.tensors["pos_table"] = positions
         expected = canonical_state_dict(model)
         problems = list(self.problems)
         problems += [f"unmapped {k} {tuple(self.sd[k].shape)}" for k in self.sd if k not in self.used]

@@ -60,7 +60,12 @@ def fairseq_table(n_positions: int, d_model: int) -> Tensor:
     return torch.cat([table, torch.zeros(n_positions, 1)], dim=1) if d_model % 2 else table
 
 
-POSITION_TABLES = {"paper": sinusoid_table, "marian": marian_table, "fairseq": fairseq_table}
+def learned_table(n_positions: int, d_model: int) -> Tensor:
+    """A learned table (mBART's) before its weights are loaded: zeros. (P, D)"""
+    return torch.zeros(n_positions, d_model)
+
+
+POSITION_TABLES = {"paper": sinusoid_table, "marian": marian_table, "fairseq": fairseq_table, "learned": learned_table}
 
 
 def position_table(config: ModelConfig) -> Tensor:
@@ -198,7 +203,7 @@ class DecoderLayer(Sublayers):
 
 
 class Stack(nn.Module):
-    """N layers, with the optional norm after the embedding (jadore) and the optional final norm."""
+    """N layers, with the optional norm after the embedding (jadore, mBART) and the optional final norm."""
 
     def __init__(self, config: ModelConfig, layer: type[nn.Module], n_layers: int, final_norm: bool):
         super().__init__()
@@ -214,7 +219,9 @@ class Transformer(nn.Module):
         d = config.d_model
         self.src_embed = nn.Embedding(config.src_vocab_size, d)
         self.tgt_embed = self.src_embed if config.share_embeddings else nn.Embedding(config.tgt_vocab_size, d)
-        self.register_buffer("pos_table", position_table(config))  # (P, D)
+        self.register_buffer("pos_table", position_table(config))  # (P, D): the encoder's, and the decoder's
+        if config.positions == "learned":  # a table per stack (mBART)
+            self.register_buffer("decoder_pos_table", position_table(config))  # (P, D)
         self.embed_scale = math.sqrt(d) if config.scale_embedding else 1.0
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder = Stack(config, EncoderLayer, config.n_encoder_layers, config.encoder_final_norm)
@@ -230,13 +237,13 @@ class Transformer(nn.Module):
         if self.config.tie_generator:
             self.generator.weight = self.tgt_embed.weight
 
-    def embed(self, table: nn.Embedding, stack: Stack, ids: Tensor, start: Tensor | int) -> Tensor:
+    def embed(self, table: nn.Embedding, pos_table: Tensor, stack: Stack, ids: Tensor, start: Tensor | int) -> Tensor:
         """`start`: the first position, or one per row (B,) where rows are at different positions."""
         t = ids.shape[1]
         if isinstance(start, Tensor):
-            positions = self.pos_table[start[:, None] + torch.arange(t, device=ids.device)]  # (B, T, D)
+            positions = pos_table[start[:, None] + torch.arange(t, device=ids.device)]  # (B, T, D)
         else:
-            positions = self.pos_table[start : start + t]  # (T, D)
+            positions = pos_table[start : start + t]  # (T, D)
         x = table(ids) * self.embed_scale + positions  # (B, T, D)
         x = self.embed_dropout(x)
         return stack.embed_norm(x) if stack.embed_norm is not None else x
@@ -244,7 +251,7 @@ class Transformer(nn.Module):
     def encode(self, input_ids: Tensor, attention_mask: Tensor) -> list[KV]:
         """input_ids, attention_mask (B, S) int64 (1 keep, 0 pad) -> per decoder layer (k, v) of the source."""
         mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-        x = self.embed(self.src_embed, self.encoder, input_ids, 0)
+        x = self.embed(self.src_embed, self.pos_table, self.encoder, input_ids, 0)
         for layer in self.encoder.layers:
             x = layer(x, mask)
         if self.encoder.final_norm is not None:
@@ -272,7 +279,8 @@ class Transformer(nn.Module):
                          & (key_pos[None, None, :] <= query_pos[None, :, None]))[:, None]  # (B, 1, T, P + T)
         cross_mask = encoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
 
-        x = self.embed(self.tgt_embed, self.decoder, input_ids, past_lengths)
+        positions = self.decoder_pos_table if self.config.positions == "learned" else self.pos_table
+        x = self.embed(self.tgt_embed, positions, self.decoder, input_ids, past_lengths)
         present = []
         for layer, layer_past, layer_cross in zip(self.decoder.layers, past, cross):
             x, kv = layer(x, self_mask, layer_past, layer_cross, cross_mask, attend)

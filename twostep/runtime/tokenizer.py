@@ -22,6 +22,7 @@ from twostep.errors import BadArtifact, BadInput
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPIECE_UNDERLINE = "\u2581"
+WHITESPACE = " \t\n\r\f\v"  # what a stretch of text may end in for spec.trailing_space (as the C++ library's)
 
 
 def load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
@@ -48,6 +49,18 @@ def load_table(path: Path) -> dict[str, int]:
     return table
 
 
+def load_tokenizers_file(path: Path):
+    """A Hugging Face tokenizer.json, through the tokenizers library."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if not path.is_file():
+        raise BadArtifact(f"{path}: tokenizer file not found")
+    try:
+        return HFTokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises its own Exception for a malformed file
+        raise BadArtifact(f"{path}: not a tokenizers file ({str(exc).splitlines()[0]})") from None
+
+
 class Tokenizer:
     """One artifact's (or checkpoint's) tokenizer: `directory` holds the files `spec` names."""
 
@@ -68,6 +81,11 @@ class Tokenizer:
         # longest first, so that at each position the longest special piece that matches wins
         ordered = sorted(spec.special_pieces, key=len, reverse=True)
         self.splitter = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+    @staticmethod
+    def load(directory: Path | str, spec: TokenizerSpec) -> Tokenizer:
+        """The tokenizer of the spec's kind: SentencePiece (this class), or a tokenizer.json (JsonTokenizer)."""
+        return JsonTokenizer(directory, spec) if spec.kind == "tokenizers" else Tokenizer(directory, spec)
 
     @classmethod
     def sentencepiece(cls, path: Path | str, pad: int = PAD_ID, unk: int = UNK_ID, bos: int = BOS_ID,
@@ -100,8 +118,10 @@ class Tokenizer:
         if not chunk:
             return []
         if self.source_table is None:
-            return self.source_sp.encode(chunk)
-        return [self.source_table.get(p, self.spec.unk_id) for p in self.source_sp.encode(chunk, out_type=str)]
+            ids = self.source_sp.encode(chunk)
+        else:
+            ids = [self.source_table.get(p, self.spec.unk_id) for p in self.source_sp.encode(chunk, out_type=str)]
+        return ids + list(self.spec.trailing_space) if chunk[-1] in WHITESPACE else ids
 
     def encode_source(self, text: str, src_lang: str | None = None, tgt_lang: str | None = None) -> list[int]:
         if not text.strip():
@@ -126,6 +146,34 @@ class Tokenizer:
         else:
             pieces = [self.target_pieces[i] for i in kept if i in self.target_pieces]
         return self.target_sp.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
+
+
+class JsonTokenizer(Tokenizer):
+    """A tokenizer.json (spec.kind "tokenizers"), run by the tokenizers library as transformers runs it: its own
+    ids, its added tokens (language codes typed in the text) found by it; languages and the source suffix as the
+    spec says."""
+
+    def __init__(self, directory: Path | str, spec: TokenizerSpec):
+        self.spec = spec
+        self.hf = load_tokenizers_file(Path(directory) / spec.source_model)
+        self.drop = frozenset(spec.drop_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def piece_id(self, piece: str) -> int:
+        found = self.hf.token_to_id(piece)
+        return self.spec.unk_id if found is None else found
+
+    def pieces(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_target(self, text: str) -> list[int]:
+        return self.pieces(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode([int(i) for i in ids if int(i) not in self.drop], skip_special_tokens=True).strip()
 
 
 def train_tokenizer(sentences: Iterable[str], out_path: Path, vocab_size: int, model_type: str = "unigram") -> Path:

@@ -157,7 +157,7 @@ def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Pat
         name = backend or "ort-cpu"
         sized = backends.workload_options(name, artifact.config, rows=batch_size * options.beam_size)
         be = backends.create(name, artifact=artifact, checkpoint_dir=checkpoint, **sized, **backend_options)
-        tokenizer = Tokenizer(model_dir, artifact.tokenizer) if artifact.tokenizer else None
+        tokenizer = Tokenizer.load(model_dir, artifact.tokenizer) if artifact.tokenizer else None
     else:
         if backend not in (None, "torch"):
             raise BadInput(f"{model_dir} is not an artifact directory (no {MANIFEST}); backend {backend!r} runs "
@@ -166,5 +166,5 @@ def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Pat
         from twostep.model.checkpoint import read_tokenizer
 
         spec = read_tokenizer(model_dir)
-        tokenizer = Tokenizer(model_dir, spec) if spec else None
+        tokenizer = Tokenizer.load(model_dir, spec) if spec else None
     return Translator(be.session(), Limits.of(be.config, be.target_positions), tokenizer, batch_size, options), be

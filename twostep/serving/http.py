@@ -46,6 +46,7 @@ from prometheus_client import (
 from pydantic import BaseModel, ConfigDict, Field
 from uvicorn.config import STARTUP_FAILURE
 
+from twostep.artifact.tokenizer import MissingLanguage
 from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
 from twostep.runtime.decoding import DecodeOptions
 from twostep.serving.engine import Metrics
@@ -122,8 +123,10 @@ class TranslateRequest(BaseModel):
     suppress_eos: bool = Field(False, description="Never end at eos: max_new_tokens tokens each (benchmarks).")
     beam_stop: str = Field("n_best", description="Beam search's stopping rule: n_best, or transformers (as its "
                            "generate() stops: keeps beam finished hypotheses).")
-    src_lang: Optional[str] = Field(None, description="Source language code, for multilingual models (M2M100: en).")
-    tgt_lang: Optional[str] = Field(None, description="Target language code (M2M100: fr; Marian: fra for >>fra<<).")
+    src_lang: Optional[str] = Field(None, description="Source language code, for multilingual models (M2M100: en; "
+                                    "NLLB: eng_Latn; mBART-50: en_XX).")
+    tgt_lang: Optional[str] = Field(None, description="Target language code (M2M100: fr; NLLB: fra_Latn; mBART-50: "
+                                    "fr_XX; Marian: fra for >>fra<<).")
 
     def options(self) -> DecodeOptions:
         return DecodeOptions(beam_size=self.beam, n_best=self.n_best, length_penalty=self.length_penalty,
@@ -275,6 +278,8 @@ def build_app(config: ServeConfig) -> FastAPI:
             return error(503, str(exc), **busy)
         except TooLarge as exc:  # beyond --max-request-work
             return error(413, str(exc))
+        except MissingLanguage as exc:  # named as the request's field, not the CLI's option
+            return error(400, exc.worded(MissingLanguage.FIELDS[exc.side]))
         except BadInput as exc:
             return error(400, str(exc))
         try:

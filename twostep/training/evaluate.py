@@ -30,7 +30,7 @@ class Scores:
 def checkpoint_translator(ckpt: Checkpoint, batch_size: int = 64) -> Translator:
     if ckpt.tokenizer is None:
         raise BadCheckpoint(f"{ckpt.path}: no tokenizer; text commands need one")
-    return Translator(TorchSession(ckpt.model), Limits.of(ckpt.config), Tokenizer(ckpt.path, ckpt.tokenizer),
+    return Translator(TorchSession(ckpt.model), Limits.of(ckpt.config), Tokenizer.load(ckpt.path, ckpt.tokenizer),
                       batch_size)
 
 

@@ -52,12 +52,16 @@ struct Languages {
 // How text becomes source ids and target ids become text (manifest "tokenizer"). Schema 2's single
 // tokenizer.model reads as one SentencePiece model on both sides with its own ids.
 struct TokenizerSpec {
+  // "sentencepiece", or "tokenizers": a Hugging Face tokenizer.json, which this library does not read (text
+  // translation is refused with a message; the token-id APIs work, languages included).
+  std::string kind = "sentencepiece";
   std::string source_model, target_model;  // SentencePiece model files in dir (may be the same file)
   std::string source_vocab, target_vocab;  // {piece: id} JSON files in dir; empty: the SentencePiece model's ids
   Ids source_suffix;                       // appended to every source sentence (eos)
   std::vector<std::string> special_pieces;  // found anywhere in source text, each one id of the source table
   Ids drop_ids;                            // target ids left out of the text
   int64_t unk_id = 1;                      // the source id of a piece missing from source_vocab
+  Ids trailing_space;                      // after a stretch of text ending in whitespace (NLLB's "▁")
 };
 
 // What manifest.json says; read() checks the format, schema version and every file's sha256.

@@ -1,0 +1,345 @@
+"""What every transformers family's importer shares: the model directory read (config.json, generation config,
+safetensors weights), the sizes and layer names of transformers' BART-family models (Marian, M2M100, NLLB, mBART
+alike), the tokenizer files' tables, and the registry of families keyed by config.json's model_type.
+
+A family is a module of this package (marian.py, m2m100.py, nllb.py, mbart.py) whose importer, registered with
+`@family("model_type")`, resolves everything the family needs into the model config and the tokenizer section
+(twostep.artifact.tokenizer): the graphs and the runtime know no family. What the config cannot represent is
+refused with one line that names it; every tensor is mapped with the importers' Mapper, all problems in one
+error. `generation_config.json`'s `bad_words_ids` of one token become ids the decoder never generates (OPUS-MT's
+pad), its `forced_bos_token_id` the default target language.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from twostep.artifact.config import ModelConfig
+from twostep.artifact.tokenizer import Languages, TargetLanguage, TokenizerSpec
+from twostep.errors import BadCheckpoint
+from twostep.files import read_json
+from twostep.model.importers import Mapper, read_state_dict, same
+from twostep.model.transformer import Transformer
+
+StateDict = dict[str, torch.Tensor]
+
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_fast": "gelu_tanh", "swish": "silu", "silu": "silu"}
+
+# The names an imported checkpoint (and its artifact) gives the tokenizer's files.
+SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
+SOURCE_VOCAB, TARGET_VOCAB = "source_vocab.json", "target_vocab.json"
+TOKENIZER_JSON = "tokenizer.json"
+
+
+@dataclass
+class Imported:
+    """A family importer's answer: the model, its tokenizer section, and the files it names (path or bytes)."""
+
+    model: Transformer
+    tokenizer: TokenizerSpec
+    files: dict[str, Path | bytes] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    family: str | None = None  # where it is not the name it was imported by (NLLB, found under m2m_100)
+
+
+class HFModel:
+    """A transformers model directory, read: its config, generation config and state dict (keys without the
+    `model.` prefix)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        if not path.is_dir():
+            raise BadCheckpoint(f"{path}: not a directory; `twostep import DIR` reads a transformers model "
+                                "directory (config.json, model.safetensors, tokenizer files)")
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise BadCheckpoint(f"{path}: no config.json; is this a transformers model directory?")
+        self.config = read_json(config_file, BadCheckpoint)
+        if not isinstance(self.config, dict):
+            raise BadCheckpoint(f"{config_file}: expected a JSON object")
+        generation = path / "generation_config.json"
+        self.generation = read_json(generation, BadCheckpoint) if generation.is_file() else {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.config.get(key, default)
+
+    def generation_value(self, key: str) -> Any:
+        """A generation setting: generation_config.json's, else (older exports) config.json's."""
+        return self.generation.get(key, self.config.get(key))
+
+    def state_dict(self) -> StateDict:
+        sd = self.read_weights()
+        return {k.removeprefix("model."): v for k, v in sd.items()}
+
+    def read_weights(self) -> StateDict:
+        single, index = self.path / "model.safetensors", self.path / "model.safetensors.index.json"
+        if single.is_file():
+            return read_safetensors(single)
+        if index.is_file():  # sharded
+            weight_map = read_json(index, BadCheckpoint).get("weight_map", {})
+            sd: StateDict = {}
+            for shard in sorted(set(weight_map.values())):
+                sd.update(read_safetensors(self.path / shard))
+            return sd
+        if (self.path / "pytorch_model.bin").is_file():
+            return read_state_dict(self.path / "pytorch_model.bin")  # weights_only=True
+        raise BadCheckpoint(f"{self.path}: no weights (model.safetensors, model.safetensors.index.json or "
+                            "pytorch_model.bin)")
+
+    def file(self, name: str, what: str) -> Path:
+        path = self.path / name
+        if not path.is_file():
+            raise BadCheckpoint(f"{self.path}: missing {name} ({what}); copy the model's tokenizer files with it")
+        return path
+
+    def never_generate(self) -> tuple[int, ...]:
+        """generation_config's bad_words_ids of one token each: ids transformers never generates."""
+        bad = self.generation_value("bad_words_ids") or []
+        return tuple(sorted({ids[0] for ids in bad if isinstance(ids, list) and len(ids) == 1}))
+
+
+def read_safetensors(path: Path) -> StateDict:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise BadCheckpoint(f"{path}: cannot read safetensors ({exc})") from None
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    table = read_json(path, BadCheckpoint)
+    if not isinstance(table, dict) or not all(isinstance(i, int) and not isinstance(i, bool) for i in table.values()):
+        raise BadCheckpoint(f"{path}: expected a JSON object of piece -> integer id")
+    return table
+
+
+def check_vocab(name: str, table: dict[str, int], rows: int, embedding: str, extra: int = 0) -> None:
+    """A vocabulary must number exactly the embedding's rows (less `extra` ids it does not list)."""
+    top = max(table.values(), default=-1)
+    if len(table) + extra != rows or top >= rows:
+        raise BadCheckpoint(f"{name} has {len(table)} entries{f' (+{extra} reserved ids)' if extra else ''}, ids up to "
+                            f"{top}, but the model's {embedding} has {rows} rows: the tokenizer files do not belong "
+                            "to these weights")
+
+
+def one_value(hf: HFModel, what: str, *keys: str) -> Any:
+    """A size the encoder and decoder must agree on (twostep's config holds one)."""
+    values = {k: hf.get(k) for k in keys}
+    if len(set(values.values())) != 1:
+        raise BadCheckpoint(f"cannot import: {what} differ ({', '.join(f'{k} {v}' for k, v in values.items())}); "
+                            "twostep's model has one for both stacks")
+    return values[keys[0]]
+
+
+def common_config(hf: HFModel, **values: Any) -> dict[str, Any]:
+    """What Marian and M2M100 read alike from config.json."""
+    activation = hf.get("activation_function", "relu")
+    if activation not in ACTIVATIONS:
+        raise BadCheckpoint(f"cannot import: activation_function {activation!r}; twostep supports "
+                            f"{', '.join(ACTIVATIONS)}")
+    d_model = hf.get("d_model")
+    heads = one_value(hf, "attention heads", "encoder_attention_heads", "decoder_attention_heads")
+    return dict(
+        d_model=d_model, n_heads=heads,
+        d_ff=one_value(hf, "feed-forward sizes", "encoder_ffn_dim", "decoder_ffn_dim"),
+        n_encoder_layers=hf.get("encoder_layers"), n_decoder_layers=hf.get("decoder_layers"),
+        max_positions=hf.get("max_position_embeddings"), dropout=0.0, norm_eps=1e-5,
+        scale_embedding=bool(hf.get("scale_embedding", False)), activation=ACTIVATIONS[activation],
+        eos_id=hf.get("eos_token_id"), pad_id=hf.get("pad_token_id"),
+        decoder_start_id=hf.get("decoder_start_token_id"), never_generate=hf.never_generate(), **values)
+
+
+def refuse_unsupported(hf: HFModel, unsupported: dict[str, Callable[[Any], bool]]) -> None:
+    for key, bad in unsupported.items():
+        if key in hf.config and bad(hf.config[key]):
+            raise BadCheckpoint(f"cannot import: config.json has {key} = {hf.config[key]!r}, which twostep's "
+                                "model does not represent")
+
+
+def attention(m: Mapper, ours: str, theirs: str) -> None:
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        m.linear(f"{ours}.{name}", f"{theirs}.{name}")
+
+
+def layers(m: Mapper, cfg: ModelConfig) -> None:
+    """transformers' BART-family layer names, Marian's and M2M100's alike."""
+    for side, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
+        for i in range(n):
+            ours = theirs = f"{side}.layers.{i}"
+            attention(m, f"{ours}.self_attn", f"{theirs}.self_attn")
+            m.norm(f"{ours}.self_attn_norm", f"{theirs}.self_attn_layer_norm")
+            if side == "decoder":
+                attention(m, f"{ours}.cross_attn", f"{theirs}.encoder_attn")
+                m.norm(f"{ours}.cross_attn_norm", f"{theirs}.encoder_attn_layer_norm")
+            m.linear(f"{ours}.ffn.w_1", f"{theirs}.fc1")
+            m.linear(f"{ours}.ffn.w_2", f"{theirs}.fc2")
+            m.norm(f"{ours}.ffn_norm", f"{theirs}.final_layer_norm")
+
+
+def first_present(sd: StateDict, *keys: str) -> str:
+    return next((k for k in keys if k in sd), keys[0])
+
+
+def embeddings(m: Mapper, sd: StateDict, shared: bool) -> tuple[str, str]:
+    """The source and target embeddings' keys; tied copies (saved by older transformers) are marked used."""
+    if shared:
+        src = tgt = first_present(sd, "shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+    else:
+        src, tgt = "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"
+    for key in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        if key in sd and key not in (src, tgt) and same(sd, key, src if key != "decoder.embed_tokens.weight" else tgt):
+            m.used.add(key)
+    return src, tgt
+
+
+def forced_languages(hf: HFModel, lang_ids: dict[str, int], default_source: str | None,
+                     fallback_source: str) -> Languages:
+    """Languages as M2M100, NLLB and mBART-50 use them: the source's code first in the source, the target's
+    forced after the decoder's start; the default target is generation_config's forced_bos_token_id."""
+    forced = hf.generation_value("forced_bos_token_id")
+    default_target = next((c for c, i in lang_ids.items() if i == forced), None)
+    if default_source not in lang_ids:
+        default_source = fallback_source if fallback_source in lang_ids else None
+    return Languages(source={c: (i,) for c, i in lang_ids.items()},
+                     target={c: TargetLanguage(decoder=(i,)) for c, i in lang_ids.items()},
+                     default_source=default_source, default_target=default_target)
+
+
+def coded_tokenizer(hf: HFModel, rows: int, code: re.Pattern[str], fallback_source: str,
+                    what: str) -> tuple[TokenizerSpec, dict[str, Path | bytes], int]:
+    """The tokenizer of NLLB and mBART-50: `tokenizer.json` gives every id (pieces, specials, the language codes:
+    the added tokens that `code` matches), and the SentencePiece model it was converted from, where the directory
+    has it (the hub's layout), splits text, as the C++ library can too; without it (transformers 5 saves
+    tokenizer.json alone) the tokenizers library splits it, in Python only. A source sentence is
+    [src_lang] pieces </s>; the target language is forced after the decoder's start. Returns the spec, its files
+    and the unk id."""
+    if not (hf.path / TOKENIZER_JSON).is_file():
+        raise BadCheckpoint(f"{hf.path}: missing {TOKENIZER_JSON} ({what}'s tokenizer, which gives the ids of its "
+                            "pieces and language codes); save the tokenizer with the model (tokenizer.save_pretrained)")
+    tj = TokenizerJson.read(hf.path / TOKENIZER_JSON)
+    tj.check_rows(rows)
+    tok = tokenizer_config(hf)
+    if tok.get("legacy_behaviour"):
+        raise BadCheckpoint(f"{hf.path / 'tokenizer_config.json'}: legacy_behaviour is true (the language code after "
+                            "</s>); twostep reads the default order, [src_lang] pieces </s>: set it false")
+    lang_ids = {piece: i for piece, i in tj.added.items() if code.fullmatch(piece)}
+    if not lang_ids:
+        raise BadCheckpoint(f"{tj.path}: no language codes among its added tokens; is this {what}'s tokenizer?")
+    eos, unk = tj.id_of("</s>"), tj.id_of("<unk>")
+    specials = {piece: i for piece, i in tj.added.items()}
+    languages = forced_languages(hf, lang_ids, tok.get("src_lang"), fallback_source)
+    drop = tuple(sorted(set(specials.values()) | {hf.get("pad_token_id"), eos, unk}))
+    spm = hf.path / "sentencepiece.bpe.model"
+    if spm.is_file():
+        spec = TokenizerSpec(
+            source_model=SOURCE_SPM, target_model=SOURCE_SPM, source_vocab=SOURCE_VOCAB, target_vocab=SOURCE_VOCAB,
+            source_suffix=(eos,), unk_id=unk, special_pieces=tuple(specials), languages=languages, drop_ids=drop,
+            trailing_space=tj.trailing_space())
+        return spec, {SOURCE_SPM: spm, SOURCE_VOCAB: json.dumps(tj.table, ensure_ascii=False).encode()}, unk
+    spec = TokenizerSpec(source_model=TOKENIZER_JSON, target_model=TOKENIZER_JSON, kind="tokenizers",
+                         source_suffix=(eos,), unk_id=unk, languages=languages, drop_ids=drop)
+    return spec, {TOKENIZER_JSON: tj.path}, unk
+
+
+def notes(hf: HFModel) -> list[str]:
+    """What transformers' generate() would do that a twostep decode does not."""
+    out = []
+    if hf.generation_value("forced_eos_token_id") is not None:
+        out.append("forced_eos_token_id (transformers forces eos at max_length) is not applied: twostep stops at "
+                   "eos or at max_new_tokens")
+    return out
+
+
+
+
+def tokenizer_config(hf: HFModel) -> dict[str, Any]:
+    path = hf.path / "tokenizer_config.json"
+    config = read_json(path, BadCheckpoint) if path.is_file() else {}
+    if not isinstance(config, dict):
+        raise BadCheckpoint(f"{path}: expected a JSON object")
+    return config
+
+
+@dataclass(frozen=True)
+class TokenizerJson:
+    """A Hugging Face `tokenizer.json` (the tokenizers library's file), read for its ids: `table` {piece: id} of
+    the model's vocabulary and its added tokens, `added` {content: id} of the added tokens alone (specials,
+    language codes). Read with the json module: the tokenizers library itself tokenizes at run time."""
+
+    path: Path
+    kind: str  # its model: BPE or Unigram (SentencePiece's two, as transformers converts them)
+    table: dict[str, int]
+    added: dict[str, int]
+    normalizer: dict[str, Any]
+    pre_tokenizer: dict[str, Any]
+
+    @classmethod
+    def read(cls, path: Path) -> TokenizerJson:
+        data = read_json(path, BadCheckpoint)
+        model = data.get("model") if isinstance(data, dict) else None
+        if not isinstance(model, dict):
+            raise BadCheckpoint(f"{path}: not a tokenizers file (no model object)")
+        kind = model.get("type")
+        if kind not in ("BPE", "Unigram"):
+            raise BadCheckpoint(f"{path}: a {kind} tokenizer; twostep reads the BPE and Unigram tokenizers that "
+                                "transformers converts from SentencePiece models (NLLB's, mBART's)")
+        vocab = model.get("vocab")
+        if kind == "BPE" and isinstance(vocab, dict):
+            table = dict(vocab)
+        elif kind == "Unigram" and isinstance(vocab, list):
+            table = {entry[0]: i for i, entry in enumerate(vocab) if isinstance(entry, list) and entry}
+        else:
+            raise BadCheckpoint(f"{path}: malformed {kind} vocabulary")
+        added = {t["content"]: t["id"] for t in data.get("added_tokens") or []
+                 if isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int)}
+        table.update(added)
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in table.values()):
+            raise BadCheckpoint(f"{path}: ids must be non-negative integers")
+        def section(key: str) -> dict[str, Any]:
+            value = data.get(key)
+            return value if isinstance(value, dict) else {}
+
+        return cls(path, kind, table, added, section("normalizer"), section("pre_tokenizer"))
+
+    def check_rows(self, rows: int) -> None:
+        """Every id must be a row of the embedding (which may have more rows than the tokenizer: NLLB pads it)."""
+        top = max(self.table.values(), default=-1)
+        if top >= rows:
+            raise BadCheckpoint(f"{self.path.name} has ids up to {top}, but the model's embedding has {rows} rows: "
+                                "the tokenizer files do not belong to these weights")
+
+    def trailing_space(self) -> tuple[int, ...]:
+        """The ids tokenizers gives whitespace at the end of a stretch of text that SentencePiece drops: the "▁"
+        piece where a Metaspace pre-tokenizer follows a normalizer that does not strip the right (NLLB's; mBART-50's
+        strips it)."""
+        normalizers = [self.normalizer] if self.normalizer.get("type") != "Sequence" else \
+            self.normalizer.get("normalizers", [])
+        strips = any(n.get("type") == "Strip" and n.get("right", True) for n in normalizers if isinstance(n, dict))
+        metaspace = self.pre_tokenizer.get("type") == "Metaspace"
+        return (self.table["\u2581"],) if metaspace and not strips and "\u2581" in self.table else ()
+
+    def id_of(self, piece: str) -> int:
+        if piece not in self.table:
+            raise BadCheckpoint(f"{self.path}: no {piece} token")
+        return self.table[piece]
+
+
+Importer = Callable[[HFModel], Imported]
+FAMILIES: dict[str, Importer] = {}
+
+
+def family(name: str) -> Callable[[Importer], Importer]:
+    """Register a family's importer under its name (config.json's model_type, or what --format names)."""
+    def register(importer: Importer) -> Importer:
+        FAMILIES[name] = importer
+        return importer
+    return register
