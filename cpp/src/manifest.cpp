@@ -248,6 +248,7 @@ void check_ids(const Manifest& m, const std::string& where) {
     if (!all_in(ids, m.src_vocab_size)) bad("tokenizer: " + what + " has ids outside the source vocab");
   };
   source_ids(t.source_suffix, "source_suffix");
+  source_ids(t.trailing_space, "trailing_space");
   source_ids({t.unk_id}, "unk_id");
   if (!all_in(t.drop_ids, m.tgt_vocab_size)) bad("tokenizer: drop_ids has ids outside the target vocab");
   if (std::count(t.special_pieces.begin(), t.special_pieces.end(), std::string()))

@@ -294,6 +294,10 @@ TEST_CASE("schema 3: malformed tokenizer sections and ids") {
       {[](json& j) { j["tokenizer"]["drop_ids"] = {60}; }, "tokenizer: drop_ids has ids outside the target vocab"},
       {[](json& j) { j["tokenizer"]["languages"]["target"] = {1, 2}; }, "malformed manifest (missing or wrong"},
       {[](json& j) { j["tokenizer"]["special_pieces"] = {""}; }, "special_pieces holds an empty piece"},
+      {[](json& j) { j["tokenizer"]["trailing_space"] = {50}; },
+       "tokenizer: trailing_space has ids outside the source vocab"},
+      {[](json& j) { j["tokenizer"]["kind"] = "wordpiece"; },
+       "malformed manifest (tokenizer: kind 'wordpiece' is not one of sentencepiece, tokenizers)"},
       {[](json& j) { j["model"]["never_generate"] = {3}; }, "never_generate holds the eos id"},
       {[](json& j) { j["model"]["never_generate"] = {60}; }, "never_generate has ids outside the target vocab"},
       {[](json& j) { j["model"]["decoder_start_id"] = 60; }, "a special id is outside the vocab"},
@@ -406,6 +410,19 @@ TEST_CASE("tokenizer: special pieces, vocab tables and languages") {
   CHECK(tok.decode({5, 6, 0, 55, 7, 2, 8}) == "three hundredandxyz q");
   CHECK(tok.decode({9, 5, 9}) == "three");
   CHECK(tok.decode({5, 10}) == "three");  // U+3000 trimmed, as Python's str.strip() does
+}
+
+TEST_CASE("tokenizer: trailing_space after each stretch of text that ends in whitespace") {
+  // NLLB's tokenizer.json keeps such whitespace as a "▁" piece where SentencePiece drops it
+  // (twostep/runtime/tokenizer.py does the same).
+  Schema3 a(read_text(TWOSTEP_DEMO_TOKENIZER));
+  a.manifest["tokenizer"]["trailing_space"] = {7};
+  a.save();
+  const twostep::Tokenizer tok = twostep::Tokenizer::load(twostep::Manifest::read(a.dir));
+  CHECK(tok.pieces("three") == twostep::Ids{10});
+  CHECK(tok.pieces("three ") == twostep::Ids{10, 7});
+  CHECK(tok.pieces("three </s>and\t") == twostep::Ids{10, 7, 0, 12, 13, 7});
+  CHECK(tok.pieces(" three") == twostep::Ids{10});
 }
 
 TEST_CASE("tokenizer: defaults, and special pieces the source table lacks") {
