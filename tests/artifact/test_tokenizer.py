@@ -10,7 +10,8 @@ from twostep.errors import BadArtifact
 
 SPEC = TokenizerSpec(source_model="tokenizer.json", target_model="tokenizer.json", kind="tokenizers",
                      source_suffix=(2,), drop_ids=(0, 1, 2, 3), unk_id=3, trailing_space=(4,),
-                     languages=Languages(source={"eng_Latn": (90,)}, target={"fra_Latn": TargetLanguage(decoder=(91,))}))
+                     languages=Languages(source={"eng_Latn": (90,)},
+                                         target={"fra_Latn": TargetLanguage(decoder=(91,))}))
 
 
 def test_a_section_reads_back_as_written():

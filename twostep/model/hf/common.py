@@ -250,6 +250,23 @@ def coded_tokenizer(hf: HFModel, rows: int, code: re.Pattern[str], fallback_sour
     return spec, {TOKENIZER_JSON: tj.path}, unk
 
 
+GENERATOR = "lm_head.weight"
+
+
+def generator_tied(sd: StateDict, embedding: str) -> bool:
+    """Whether the output layer is the target embedding (transformers may save the tied copy, or leave it out)."""
+    return GENERATOR not in sd or same(sd, GENERATOR, embedding)
+
+
+def biased_generator(m: Mapper, tied: bool) -> None:
+    """Marian's and mBART's output layer: the embedding or its own weight, `final_logits_bias` as its bias."""
+    if tied:
+        m.used.add(GENERATOR)
+    else:
+        m.put("generator.weight", GENERATOR)
+    m.put("generator.bias", "final_logits_bias", lambda t: t.reshape(-1))
+
+
 def notes(hf: HFModel) -> list[str]:
     """What transformers' generate() would do that a twostep decode does not."""
     out = []

@@ -17,16 +17,18 @@ from twostep.model.hf.common import (
     TARGET_VOCAB,
     HFModel,
     Imported,
+    biased_generator,
     check_vocab,
     common_config,
     embeddings,
     family,
+    generator_tied,
     layers,
     notes,
     read_vocab,
     refuse_unsupported,
 )
-from twostep.model.importers import Mapper, same
+from twostep.model.importers import Mapper
 from twostep.model.transformer import position_table
 
 
@@ -40,8 +42,7 @@ def import_marian(hf: HFModel) -> Imported:
     src_key, tgt_key = embeddings(m, sd, shared)
     src_vocab = m.shape(src_key)[0]
     tgt_vocab = m.shape(tgt_key)[0]
-    generator = "lm_head.weight"
-    tied = generator not in sd or same(sd, generator, tgt_key)
+    tied = generator_tied(sd, tgt_key)
 
     vocab = read_vocab(hf.file("vocab.json", "the token table of Marian's tokenizer"))
     check_vocab("vocab.json", vocab, src_vocab, "source embedding")
@@ -63,11 +64,7 @@ def import_marian(hf: HFModel) -> Imported:
     m.put("src_embed.weight", src_key)
     if not shared:
         m.put("tgt_embed.weight", tgt_key)
-    if tied:
-        m.used.add(generator)
-    else:
-        m.put("generator.weight", generator)
-    m.put("generator.bias", "final_logits_bias", lambda t: t.reshape(-1))
+    biased_generator(m, tied)
     positions = position_table(cfg)
     if "encoder.embed_positions.weight" in sd:  # saved by older transformers: what they decode with
         positions = m.positions("encoder.embed_positions.weight", cfg)

@@ -13,16 +13,18 @@ from twostep.errors import BadCheckpoint
 from twostep.model.hf.common import (
     HFModel,
     Imported,
+    biased_generator,
     coded_tokenizer,
     common_config,
     embeddings,
     family,
+    generator_tied,
     layers,
     notes,
     refuse_unsupported,
     tokenizer_config,
 )
-from twostep.model.importers import Mapper, same
+from twostep.model.importers import Mapper
 
 CODE = re.compile(r"[a-z]{2}_[A-Z]{2}")  # en_XX, fr_XX, zh_CN
 OFFSET = 2  # MBartLearnedPositionalEmbedding: position p reads row p + 2
@@ -40,8 +42,7 @@ def import_mbart(hf: HFModel) -> Imported:
     src_key, _ = embeddings(m, sd, True)
     rows = m.shape(src_key)[0]
     spec, files, unk = coded_tokenizer(hf, rows, CODE, "en_XX", "mBART-50")
-    generator = "lm_head.weight"
-    tied = generator not in sd or same(sd, generator, src_key)
+    tied = generator_tied(sd, src_key)
     cfg = ModelConfig(
         src_vocab_size=rows, tgt_vocab_size=rows, norm_placement="pre", positions="learned", embed_norm=True,
         share_embeddings=True, tie_generator=tied, unk_id=unk, bos_id=hf.get("bos_token_id", 0), **common_config(hf))
@@ -58,11 +59,7 @@ def import_mbart(hf: HFModel) -> Imported:
         m.put("pos_table" if side == "encoder" else "decoder_pos_table", table,
               lambda t: t[OFFSET : OFFSET + cfg.max_positions])
     m.put("src_embed.weight", src_key)
-    if tied:
-        m.used.add(generator)
-    else:
-        m.put("generator.weight", generator)
-    m.put("generator.bias", "final_logits_bias", lambda t: t.reshape(-1))
+    biased_generator(m, tied)
     return Imported(m.build(cfg, None), spec, files, notes(hf))
 
 
