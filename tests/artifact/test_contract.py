@@ -68,8 +68,8 @@ def test_plain_onnxruntime_with_the_manifest_gives_the_same_tokens(demo_artifact
 
 
 def test_plain_onnxruntime_decodes_pretrained_families_from_the_manifest(pretrained):
-    """Marian's start from pad with pad never generated, M2M100's forced target-language token: all in the
-    manifest, read by a consumer that knows no family."""
+    """Marian's start from pad with pad never generated, M2M100's, NLLB's and mBART-50's forced target-language
+    token: all in the manifest, read by a consumer that knows no family."""
     from conftest import NEW_TOKENS
     from hf_models import TEST_SENTENCES
     from twostep.runtime.translator import open_translator
@@ -77,5 +77,5 @@ def test_plain_onnxruntime_decodes_pretrained_families_from_the_manifest(pretrai
     translator, backend = open_translator(pretrained.art)
     with backend:
         sources = translator.encode(TEST_SENTENCES, **pretrained.langs)
-    tgt_lang = pretrained.langs.get("tgt_lang") if pretrained.name == "m2m100" else None
+    tgt_lang = pretrained.langs.get("tgt_lang") if pretrained.other_target else None
     assert manifest_greedy(pretrained.art, sources, NEW_TOKENS, tgt_lang) == pretrained.greedy[0]

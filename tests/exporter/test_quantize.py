@@ -37,3 +37,19 @@ def test_int8_export_agrees_with_fp32_eager_and_a_broken_int8_path_fails(demo_in
     (art / "manifest.json").write_text(json.dumps(manifest))
     broken = verify(art, demo_model_dir, "ort-cpu", beam_size=2, limit=100)
     assert not broken.ok and broken.sequences[0].share < 0.99
+
+
+def test_int8_export_quantizes_the_tied_generator(demo_int8):
+    """The demo model's generator is its target embedding (tied): the step's largest product must be int8 too, its
+    fp32 table left only to the embedding's Gather (twostep/exporter/quantize.py's transpose_constant_weights)."""
+    manifest = json.loads((demo_int8 / "manifest.json").read_text())
+    config = manifest["model"]
+    assert config["tie_generator"], "the test needs a model whose generator is tied to its embedding"
+    table = sorted((config["d_model"], config["tgt_vocab_size"]))
+    model = onnx.load(str(demo_int8 / "decoder.onnx"))
+    integer = [t for t in model.graph.initializer if t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)]
+    assert any(sorted(t.dims) == table for t in integer), "the generator's weight is not quantized"
+    fp32 = {t.name for t in model.graph.initializer
+            if t.data_type == onnx.TensorProto.FLOAT and sorted(t.dims) == table}
+    readers = {n.op_type for n in model.graph.node if fp32 & set(n.input)}
+    assert readers <= {"Gather"}, f"an fp32 {table} table is read by {readers}"

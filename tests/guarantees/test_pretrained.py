@@ -76,3 +76,29 @@ def test_sentences_to_different_languages_share_a_batch(pretrained):
     tokens = [h[0].tokens for h in hyps]
     assert tokens[0::2] == pretrained.greedy[0]
     assert tokens[1::2] == german[0]
+
+
+def test_the_imported_model_computes_transformers_logits(pretrained):
+    """Teacher-forced over transformers' own greedy output, twostep's eager model gives transformers' logits at
+    every position to 1e-4: a position table read one row off (M2M100's pad + 1 offset, mBART's 2), a missing
+    bias or norm moves them far more."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    from twostep.model.checkpoint import load_checkpoint
+    from twostep.runtime.tokenizer import Tokenizer
+
+    ckpt = load_checkpoint(pretrained.ckpt)
+    theirs = AutoModelForSeq2SeqLM.from_pretrained(pretrained.hf).eval()
+    tokenizer = Tokenizer.load(pretrained.ckpt, ckpt.tokenizer)
+    spec = ckpt.tokenizer
+    start = [ckpt.config.start_id, *spec.decoder_prefix(pretrained.langs.get("tgt_lang"))]
+    for text, tokens in zip(SENTENCES[:4], pretrained.greedy[0]):
+        src = torch.tensor([tokenizer.encode_source(text, **pretrained.langs)])
+        tgt = torch.tensor([start + tokens])
+        mask = torch.ones_like(src)
+        with torch.no_grad():
+            want = theirs(input_ids=src, attention_mask=mask, decoder_input_ids=tgt).logits
+            got = ckpt.model(src, mask, tgt)
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), float((got - want).abs().max())

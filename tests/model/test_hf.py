@@ -195,3 +195,14 @@ def test_an_unknown_language_lists_the_valid_ones(pretrained, tmp_path):
         assert_user_error(result, "unknown target language 'xx': this model has deu, fra")
     else:
         assert_user_error(result, "unknown target language 'xx': this model has no target languages")
+
+
+def test_the_imported_config_never_generates_what_generation_config_bans(pretrained):
+    """generation_config.json's one-token bad_words_ids (OPUS-MT's pad) become never_generate: without them a
+    Marian model may generate pad, where transformers never does."""
+    generation = json.loads((pretrained.hf / "generation_config.json").read_text())
+    banned = sorted({ids[0] for ids in generation.get("bad_words_ids") or [] if len(ids) == 1})
+    config = json.loads((pretrained.ckpt / "config.json").read_text())["model"]
+    assert config["never_generate"] == banned
+    if pretrained.name.startswith("marian"):
+        assert banned == [config["pad_id"]], "the Marian test models ban pad, as OPUS-MT's do"
