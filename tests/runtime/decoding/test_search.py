@@ -137,3 +137,68 @@ def test_a_wide_beam_group_splits_its_normalisers_on_a_thread_of_its_own_that_en
                                 max_new_tokens=3)[0] for s in sources]
     assert [[(h.tokens, h.score) for h in hyps] for hyps in got] == \
         [[(h.tokens, h.score) for h in hyps] for hyps in alone]
+
+
+class ScriptedSession(HistorySession):
+    """Logits scripted by each row's generated tokens (after the source and the start token); uniform elsewhere."""
+
+    def __init__(self, vocab: int, script: dict[tuple[int, ...], dict[int, float]], source_len: int,
+                 search_width: int = 0):
+        super().__init__(vocab, 0, False)
+        self.script, self.skip, self.search_width = script, source_len + 1, search_width
+
+    def step(self, input_ids):
+        self.rows = [h + (int(t),) for h, t in zip(self.rows, input_ids[:, 0])]
+        out = np.zeros((len(self.rows), self.vocab), np.float32)
+        for i, h in enumerate(self.rows):
+            for token, logit in self.script.get(h[self.skip:], {}).items():
+                out[i, token] = logit
+        return out
+
+    def search_step(self, input_ids, need_logits=True):
+        """The search outputs as the exported graph gives them: the C best logits (ties to the lower id)."""
+        logits = self.step(input_ids)
+        ids = np.argsort(-logits, axis=1, kind="stable")[:, : self.search_width]
+        top = np.take_along_axis(logits, ids, axis=1)
+        log_norm = np.log(np.exp(logits - top[:, :1]).sum(1)).astype(np.float32)
+        return dict(logits=logits, top_logits=top, top_ids=ids.astype(np.int64), log_norm=log_norm)
+
+
+@pytest.mark.parametrize("outputs", [False, True])
+def test_transformers_rule_finishes_only_an_eos_among_the_beam_size_best(outputs):
+    """Beam 2, step 2's candidates best first: [4, eos], [4, 5], [5, eos], [5, 4]. The n_best rule finishes
+    [5] (its eos comes before the second continuing candidate); transformers' rule does not (rank 2 >= the beam
+    size), so its second hypothesis is a longer one."""
+    from twostep.runtime.decoding import DecodeOptions, decode
+
+    eos, low = SPECIALS.eos_id, -10.0
+    script = {(): {4: 2.0, 5: 1.0, eos: low, 1: low, 0: low},
+              (4,): {eos: 5.0, 5: 4.5, 4: low, 1: low, 0: low},
+              (5,): {eos: 4.0, 4: 3.0, 5: low, 1: low, 0: low}}
+    source = [9]
+    results = {}
+    for rule in ("n_best", "transformers"):
+        options = DecodeOptions(beam_size=2, n_best=2, beam_stop=rule)
+        session = ScriptedSession(6, script, len(source), search_width=4 if outputs else 0)
+        hyps = decode(session, [source], options, specials=SPECIALS, max_new_tokens=3, group=search.Beam)[0]
+        results[rule] = [h.tokens for h in hyps]
+    assert results["n_best"] == [[4], [5]]
+    assert results["transformers"][0] == [4] and [5] not in results["transformers"], results
+
+
+def test_a_forced_token_scores_zero_on_the_search_outputs_as_on_the_logits():
+    """A forced token (a target-language token) is the row's only candidate, log-probability 0, on either path:
+    beam scores from the search outputs equal those from the full logits."""
+    from twostep.runtime.decoding import DecodeOptions, decode
+
+    eos = SPECIALS.eos_id
+    script = {(): {5: 3.0, 4: 1.0}, (4,): {5: 2.0, eos: 1.0}, (4, 5): {eos: 2.5, 4: 1.0}}
+    runs = []
+    for width in (0, 4):
+        session = ScriptedSession(6, script, 1, search_width=width)
+        hyps = decode(session, [[9]], DecodeOptions(beam_size=2, n_best=2), specials=SPECIALS, max_new_tokens=5,
+                      group=search.Beam, prefixes=[[4]])[0]
+        runs.append([(h.tokens, h.score) for h in hyps])
+    assert len(runs[0]) == 2
+    assert [t for t, _ in runs[1]] == [t for t, _ in runs[0]]
+    np.testing.assert_allclose([s for _, s in runs[1]], [s for _, s in runs[0]], rtol=0, atol=1e-6)
