@@ -3,8 +3,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -562,6 +564,97 @@ TEST_CASE("beam search: transformers' stopping rule keeps beam_size finished hyp
   CHECK(hf[0].size() == 1);  // n_best of the beam_size kept
   CHECK(hf[0][0].tokens == twostep::Ids{4});
   CHECK(hf[0][0].score == doctest::Approx((log_softmax(s[0], 4) + log_softmax(s[1], kEos)) / 2).epsilon(1e-12));
+}
+
+namespace {
+// Each row's logits scripted by (step, the token it was fed), uniform (all 0) elsewhere; with `width` > 0 it
+// also gives the search outputs (the `width` largest logits, equal ones lower id first, and log_norm).
+struct FedSession : twostep::detail::StepSession {
+  std::map<std::pair<int, int64_t>, std::vector<float>> script;
+  int64_t n_vocab, width;
+  int t = -1;
+  int64_t rows = 0;
+  std::vector<float> logits, top_logits, log_norm;
+  std::vector<int64_t> top_ids;
+
+  FedSession(std::map<std::pair<int, int64_t>, std::vector<float>> s, int64_t v, int64_t w)
+      : script(std::move(s)), n_vocab(v), width(w) {}
+  void start(const std::vector<twostep::Ids>& sources) override { rows = sources.size(), t = -1; }
+  float* step(const twostep::Ids& tokens) override {
+    ++t;
+    logits.assign(rows * n_vocab, 0.f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto it = script.find({t, tokens[r]});
+      if (it != script.end()) std::copy(it->second.begin(), it->second.end(), logits.begin() + r * n_vocab);
+    }
+    return logits.data();
+  }
+  int64_t search_width() const override { return width; }
+  Search search_step(const twostep::Ids& tokens) override {
+    step(tokens);
+    top_logits.clear(), top_ids.clear(), log_norm.clear();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = logits.data() + r * n_vocab;
+      std::vector<int64_t> order(n_vocab);
+      for (int64_t v = 0; v < n_vocab; ++v) order[v] = v;
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return x[a] > x[b]; });
+      double sum = 0;
+      for (int64_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(x[v]) - x[order[0]]);
+      for (int64_t j = 0; j < width; ++j) top_logits.push_back(x[order[j]]), top_ids.push_back(order[j]);
+      log_norm.push_back(static_cast<float>(std::log(sum)));
+    }
+    return {top_logits.data(), top_ids.data(), log_norm.data()};
+  }
+  void expand(const std::vector<int64_t>& keep) override { rows = keep.size(); }
+  void reorder(const std::vector<int64_t>&) override {}
+  int64_t vocab() const override { return n_vocab; }
+};
+}  // namespace
+
+TEST_CASE("beam search: transformers' rule finishes only an eos among the step's beam_size best") {
+  // Beam 2. Step 1: 4, then 5. Step 2's candidates best first: [4, eos], [4, 5], [5, eos], [5, 4]: the n_best
+  // rule finishes [5] (its eos comes before the second continuing candidate), transformers' does not (rank 2).
+  const float low = -10;
+  const std::map<std::pair<int, int64_t>, std::vector<float>> script = {
+      {{0, kStart}, {low, low, 0, low, 2, 1}}, {{1, 4}, {low, low, 0, 5, low, 4.5f}}, {{1, 5}, {low, low, 0, 4, 3, low}}};
+  for (int64_t width : {0, 6}) {
+    CAPTURE(width);
+    FedSession session(script, 6, width);
+    const auto n_best = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 2, 3, false);
+    REQUIRE(n_best[0].size() == 2);
+    CHECK(n_best[0][0].tokens == twostep::Ids{4});
+    CHECK(n_best[0][1].tokens == twostep::Ids{5});
+    const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 2, 3, false, {}, true);
+    REQUIRE(hf[0].size() == 2);
+    CHECK(hf[0][0].tokens == twostep::Ids{4});
+    CHECK(hf[0][1].tokens != twostep::Ids{5});
+  }
+}
+
+TEST_CASE("beam search on the search outputs: suppressed eos and never_generate ids in a row's top are skipped") {
+  // eos is every row's best, 5 its second: suppressed, neither is ever chosen, and every hypothesis runs to
+  // max_new_tokens (4 on the logits path; the search outputs must agree).
+  std::map<std::pair<int, int64_t>, std::vector<float>> script;
+  for (int t = 0; t < 4; ++t)
+    for (int64_t fed : {kStart, kPad, int64_t{4}, int64_t{6}, int64_t{7}}) script[{t, fed}] = {0, 0, 0, 9, 1, 8, 2, 1};
+  twostep::detail::Specials never5 = kSpecials;
+  never5.never_generate = {5};
+  std::vector<std::vector<twostep::Hypothesis>> runs;
+  for (int64_t width : {0, 8}) {
+    CAPTURE(width);
+    FedSession session(script, 8, width);
+    auto out = twostep::detail::beam_search(session, {{5, 3}}, never5, 2, 1.0, 2, 4, true);
+    REQUIRE(out[0].size() == 2);
+    for (const auto& h : out[0]) {
+      CHECK(h.tokens.size() == 4);
+      CHECK(std::count(h.tokens.begin(), h.tokens.end(), 5) == 0);
+    }
+    runs.push_back(out[0]);
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(runs[1][i].tokens == runs[0][i].tokens);
+    CHECK(runs[1][i].score == doctest::Approx(runs[0][i].score).epsilon(1e-6));
+  }
 }
 
 TEST_CASE("cuda provider options: device 0, TF32 off") {
