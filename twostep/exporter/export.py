@@ -3,7 +3,8 @@ the target and renames it into place only after validation passed; a failed expo
 
 The graphs come from the list of graph builders (twostep.artifact.spec.GRAPHS): the contract's encoder and
 decoder always, each variant wherever the model allows it (or as asked), its weights shared with the contract
-graphs (twostep.exporter.shared).
+graphs (twostep.exporter.shared). A model past shared.EXTERNAL_DATA_BYTES keeps every graph's weights in one
+external data file, each tensor once.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from twostep.artifact import ARTIFACT, Manifest, load_artifact, write_manifest
 from twostep.artifact.manifest import GraphEntry
 from twostep.artifact.spec import CONTRACT, GRAPHS, GraphInfo
 from twostep.errors import BadInput, ParityFailure
+from twostep.exporter import shared
 from twostep.exporter.graphs import TRACE_SIZES
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
-from twostep.exporter.shared import share_weights
 from twostep.exporter.validate import SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_backend
 from twostep.files import output_directory
 from twostep.model.checkpoint import load_checkpoint
@@ -109,9 +110,13 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             if precision == "int8":
                 log(f"quantizing {info.name} to int8")
                 quantization = quantize_int8(path)
-        for info in graphs:
-            if info.shares:
-                share_weights(tmp / info.file, tmp / GRAPHS[info.shares].file)
+        if sum(p.numel() * p.element_size() for p in model.parameters()) > shared.EXTERNAL_DATA_BYTES:
+            log(f"storing the weights once, in {shared.WEIGHTS}")
+            shared.store_once([tmp / info.file for info in graphs])
+        else:
+            for info in graphs:
+                if info.shares:
+                    shared.share_weights(tmp / info.file, tmp / GRAPHS[info.shares].file)
         tokenizer = ckpt.tokenizer
         for name in tokenizer.files() if tokenizer else []:
             shutil.copyfile(ckpt.path / name, tmp / name)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from twostep.artifact.trust import external_data_locations
+from twostep.exporter.shared import save_graph
+
 QUANTIZATION = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
                 "matmul_const_b_only": True}
 
@@ -23,6 +26,7 @@ def quantize_int8(path: Path) -> dict:
     fp32 = path.with_suffix(".fp32.onnx")
     path.rename(fp32)
     transpose_constant_weights(fp32)
+    external = bool(external_data_locations(fp32))  # a large graph (twostep.exporter.shared): so is its output
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer logs advice on the root logger
@@ -31,9 +35,12 @@ def quantize_int8(path: Path) -> dict:
             str(fp32), str(path), op_types_to_quantize=q["op_types"],
             weight_type=getattr(QuantType, q["weight_type"]), per_channel=q["per_channel"],
             reduce_range=q["reduce_range"], extra_options={"MatMulConstBOnly": q["matmul_const_b_only"]},
+            use_external_data_format=external,
         )
     finally:
         root.setLevel(level)
+        for name in external_data_locations(fp32):
+            (fp32.parent / name).unlink(missing_ok=True)
         fp32.unlink()
     return dict(q)
 
@@ -41,7 +48,8 @@ def quantize_int8(path: Path) -> dict:
 def transpose_constant_weights(path: Path) -> int:
     """MatMul(x, Transpose(W)) with W an initializer becomes MatMul(x, W_t), W_t a new initializer (W itself
     stays for its other readers, the embedding's Gather): the quantizer only quantizes constant weights, and a
-    tied generator (the d x vocab product, the largest of a step) would stay fp32. Returns how many."""
+    tied generator (the d x vocab product, the largest of a step) would stay fp32. A graph with external data is
+    saved again in any case, its data in a file of its own name. Returns how many."""
     import onnx
     from onnx import numpy_helper
 
@@ -64,8 +72,8 @@ def transpose_constant_weights(path: Path) -> int:
         graph.initializer.append(numpy_helper.from_array(array.T.copy(), node.output[0]))
         graph.node.remove(node)  # its output is now the initializer of the same name
         done += 1
-    if done:
-        onnx.save(model, str(path))
+    if done or external_data_locations(path):
+        save_graph(model, path)
     return done
 
 
@@ -80,7 +88,7 @@ def fuse_transformer_ops(path: Path, n_heads: int, d_model: int) -> dict:
     try:
         model = optimizer.optimize_model(str(path), model_type="bert", num_heads=n_heads, hidden_size=d_model,
                                          opt_level=0, use_gpu=False)
-        model.save_model_to_file(str(path))
+        model.save_model_to_file(str(path), use_external_data_format=bool(external_data_locations(path)))
         fused = {op: n for op, n in model.get_fused_operator_statistics().items() if n}
     finally:
         root.setLevel(level)
@@ -105,5 +113,6 @@ def convert_fp16(path: Path) -> dict:
     model = OnnxModel(convert_float_to_float16(model, keep_io_types=False, op_block_list=present))
     model.topological_sort()  # the converter appends its Cast nodes out of order
     del model.model.graph.value_info[:]  # it also leaves stale fp32 types on intermediate values
-    onnx.save(onnx.shape_inference.infer_shapes(model.model, strict_mode=True), str(path))
+    save_graph(model.model, path)  # then inferred from the file: a model past 2 GB cannot be in memory
+    onnx.shape_inference.infer_shapes_path(str(path), str(path), strict_mode=True)
     return {"kept_fp32_op_types": present, "kept_fp32_nodes": kept, "mask_value": -65504.0}

@@ -7,6 +7,12 @@ graph's own file: location `decoder.onnx`, at the offset where those bytes lie. 
 touched (byte for byte what TensorRT, ort-cuda and the C++ library read), and the artifact grows only by what
 differs.
 
+A model past EXTERNAL_DATA_BYTES of parameters (protobuf serializes no message over 2 GB, and a graph with a
+transposed copy of a 256k-row table grows past that) is written otherwise: every graph keeps its weights as
+external data in one file, WEIGHTS, each distinct tensor once (a table tied between encoder and decoder, the
+variants' weights), and the graph files hold only the structure (store_once). Until then, the steps that
+rewrite a graph (quantization, fp16) save a large graph with its own external data (save_graph).
+
 The trust rules hold as for any external data: the location is a listed, hashed file of the artifact
 (twostep.artifact.trust).
 """
@@ -18,7 +24,13 @@ from pathlib import Path
 
 import onnx
 
+from twostep.artifact.trust import external_data_locations
+
 SMALLEST = 1024  # bytes: smaller tensors stay where they are (a reference costs about as much as the data)
+
+EXTERNAL_DATA_BYTES = 1 << 30  # parameter bytes past which an artifact keeps its weights in WEIGHTS
+WEIGHTS = "weights.data"
+ALIGN = 64  # each tensor's offset in WEIGHTS
 
 # Field numbers of onnx.proto: ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
 MODEL_GRAPH, GRAPH_INITIALIZER, TENSOR_RAW_DATA = 7, 5, 9
@@ -88,3 +100,58 @@ def share_weights(variant: Path, source: Path) -> int:
         shared += 1
     onnx.save(model, str(variant))
     return shared
+
+
+def tensor_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of the initializers held in the model (loaded external data included)."""
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def save_graph(model: onnx.ModelProto, path: Path) -> None:
+    """Save `model` (its external data loaded) at `path`, replacing what was there: inline, or past
+    EXTERNAL_DATA_BYTES with its tensors in `<name>.data` beside it. The files the former graph kept its external
+    data in are removed (each belongs to this graph alone until store_once)."""
+    stale = external_data_locations(path) if path.is_file() else set()
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)  # onnx.save appends to an existing file
+    if tensor_bytes(model) > EXTERNAL_DATA_BYTES:
+        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
+                  size_threshold=SMALLEST)
+        stale.discard(data.name)
+    else:
+        onnx.save(model, str(path))
+    for name in stale:
+        (path.parent / name).unlink(missing_ok=True)
+
+
+def store_once(graphs: list[Path]) -> int:
+    """Move every initializer of `graphs` (files of one directory, their external data loaded from there) of
+    SMALLEST bytes or more into the directory's WEIGHTS file, each distinct content once, and remove the data
+    files they used before. Returns the bytes of WEIGHTS."""
+    weights = graphs[0].parent / WEIGHTS
+    stale: set[str] = set()
+    offsets: dict[bytes, tuple[int, int]] = {}
+    with open(weights, "wb") as out:
+        for path in graphs:
+            stale |= external_data_locations(path)
+            model = onnx.load(str(path))
+            for tensor in model.graph.initializer:
+                raw = tensor.raw_data
+                if len(raw) < SMALLEST:
+                    continue
+                digest = hashlib.sha256(raw).digest()
+                if digest not in offsets:
+                    out.write(bytes(-out.tell() % ALIGN))
+                    offsets[digest] = (out.tell(), len(raw))
+                    out.write(raw)
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                for key, value in zip(("location", "offset", "length"), (WEIGHTS, *map(str, offsets[digest]))):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key, value
+            onnx.save(model, str(path))
+            del model
+        size = out.tell()
+    for name in stale - {WEIGHTS}:
+        (weights.parent / name).unlink(missing_ok=True)
+    return size

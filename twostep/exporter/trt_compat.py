@@ -45,7 +45,7 @@ TYPE_NAMES = {onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.FLOAT16: "FP16", 
 
 def check_trt_compatible(path: Path) -> list[str]:
     """Every reason TensorRT's ONNX parser would refuse the graph; empty when it would take it."""
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)  # types and shapes only: no weights needed
     del model.graph.value_info[:]  # types of every intermediate value, inferred afresh
     model = onnx.shape_inference.infer_shapes(model)
     g = model.graph
