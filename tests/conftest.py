@@ -67,6 +67,18 @@ def demo_inplace(tmp_path_factory, demo_model_dir):
 
 
 @pytest.fixture(scope="session")
+def demo_external(tmp_path_factory, demo_model_dir, demo_inplace) -> Path:
+    """The demo model exported as by default, on the external-data path of a model past 2 GB (every graph's
+    weights in one data file). demo_inplace, the same export inline, is made first, outside the patch."""
+    from twostep.exporter import shared
+    from twostep.exporter.export import export
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shared, "EXTERNAL_DATA_BYTES", 0)
+        return export(demo_model_dir, tmp_path_factory.mktemp("demo-external") / "art").path
+
+
+@pytest.fixture(scope="session")
 def base_export(tmp_path_factory):
     """The base preset (random weights, vocab 32000) exported once per session: (ExportResult)."""
     from twostep.exporter.export import export

@@ -120,6 +120,27 @@ def test_cpp_matches_python_on_random_model(cpp_build, tiny_artifact, beam, n_be
         assert [float(h[0]) for h in line] == pytest.approx([h.score for h in hyps], rel=1e-12, abs=1e-12)
 
 
+def test_cpp_decodes_an_artifact_with_external_data_as_python_does(cpp_build, demo_external, test_sentences,
+                                                                    tmp_path):
+    """A model past 2 GB keeps its weights in weights.data (twostep.exporter.shared): ONNX Runtime finds it
+    beside the graph the library opens by path, and the library hashes it like every listed file."""
+    translator, backend = open_translator(demo_external, "ort-cpu", options=DecodeOptions(beam_size=4))
+    with backend:
+        sources = translator.encode(test_sentences)
+        py_ids = translator.translate_ids(sources)
+    ids = translate(cpp_build, demo_external, ids_lines(sources), "--beam", 4, "--ids")
+    assert ids.returncode == 0, ids.stderr
+    assert_same("beam 4 ids", ids_lines(py_ids), ids.stdout.splitlines())
+    art = tmp_path / "art"
+    shutil.copytree(demo_external, art)
+    data = bytearray((art / "weights.data").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (art / "weights.data").write_bytes(bytes(data))
+    proc = translate(cpp_build, art, ["three hundred and forty-two"])
+    assert proc.returncode == 1
+    assert f"{art / 'weights.data'}: sha256 does not match manifest.json" in proc.stderr
+
+
 def test_cpp_rejects_tampered_artifact(cpp_build, demo_artifact, tmp_path):
     art = tmp_path / "art"
     shutil.copytree(demo_artifact, art)

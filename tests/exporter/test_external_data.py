@@ -1,5 +1,6 @@
 """A model past protobuf's 2 GB, forced at the demo's size: with shared.EXTERNAL_DATA_BYTES lowered to 0 every
-graph keeps its weights in one external data file (twostep.exporter.shared.store_once), each tensor once."""
+graph keeps its weights in one external data file (twostep.exporter.shared.store_once), each tensor once
+(the demo_external fixture; tests/cpp/test_cpp.py holds the C++ library to it)."""
 
 from __future__ import annotations
 
@@ -26,52 +27,40 @@ def parameter_bytes(model_dir) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-@pytest.fixture(scope="module")
-def forced(tmp_path_factory, demo_model_dir, demo_inplace):
-    """The demo model exported as by default (with the in-place decoder), on the external-data path. (The
-    inline export, demo_inplace, is made first: not under the patch.)"""
-    patch = pytest.MonkeyPatch()
-    patch.setattr(shared, "EXTERNAL_DATA_BYTES", 0)
-    try:
-        yield export(demo_model_dir, tmp_path_factory.mktemp("external") / "art").path
-    finally:
-        patch.undo()
-
-
 def translations(art) -> list[list[int]]:
     translator, backend = open_translator(art, "ort-cpu")
     with backend:
         return translator.translate(SENTENCES)
 
 
-def test_every_graph_reads_its_weights_from_the_one_data_file(forced):
-    art = load_artifact(forced)
+def test_every_graph_reads_its_weights_from_the_one_data_file(demo_external):
+    art = load_artifact(demo_external)
     assert set(art.graphs) | set(art.variants) == {"encoder", "decoder", "decoder_inplace"}
     for name in [*art.graphs, *art.variants]:
         assert external_data_locations(art.graph_file(name)) == {shared.WEIGHTS}
-    assert not [p.name for p in forced.iterdir() if p.suffix == ".data" and p.name != shared.WEIGHTS]
+    assert not [p.name for p in demo_external.iterdir() if p.suffix == ".data" and p.name != shared.WEIGHTS]
 
 
-def test_it_decodes_the_same_tokens_as_the_inline_export(forced, demo_inplace):
+def test_it_decodes_the_same_tokens_as_the_inline_export(demo_external, demo_inplace):
     assert not any(p.suffix == ".data" for p in demo_inplace.path.iterdir())
-    assert translations(forced) == translations(demo_inplace.path)
+    assert translations(demo_external) == translations(demo_inplace.path)
 
 
-def test_each_weight_is_stored_once(forced, demo_model_dir):
+def test_each_weight_is_stored_once(demo_external, demo_model_dir):
     """The data file holds the parameters once (the tied tables too) and the in-place decoder's packed QKV; the
     graph files only tensors under SMALLEST bytes besides the structure (at the demo's size the structure is a
     tenth of the weights, at NLLB-600M's a thousandth: not counted here)."""
-    assert (forced / shared.WEIGHTS).stat().st_size <= 1.2 * parameter_bytes(demo_model_dir)
-    for graph in forced.glob("*.onnx"):
+    assert (demo_external / shared.WEIGHTS).stat().st_size <= 1.2 * parameter_bytes(demo_model_dir)
+    for graph in demo_external.glob("*.onnx"):
         model = onnx.load(str(graph), load_external_data=False)
         assert max(len(t.raw_data) for t in model.graph.initializer) < shared.SMALLEST
 
 
-def test_the_manifest_hashes_the_data_file_and_a_tampered_one_is_refused(forced, tmp_path):
-    manifest = json.loads((forced / "manifest.json").read_text())
+def test_the_manifest_hashes_the_data_file_and_a_tampered_one_is_refused(demo_external, tmp_path):
+    manifest = json.loads((demo_external / "manifest.json").read_text())
     assert shared.WEIGHTS in manifest["files"]
     art = tmp_path / "art"
-    shutil.copytree(forced, art)
+    shutil.copytree(demo_external, art)
     data = bytearray((art / shared.WEIGHTS).read_bytes())
     data[len(data) // 2] ^= 0xFF
     (art / shared.WEIGHTS).write_bytes(bytes(data))
