@@ -1,6 +1,8 @@
-"""A Marian model at OPUS-MT's size through twostep, CTranslate2 and Optimum, side by side in one run.
+"""A Marian model at OPUS-MT's size (or, `--family nllb`, an NLLB model at NLLB-200-distilled-600M's) through
+twostep, CTranslate2 and Optimum, side by side in one run.
 
-    python -m benchmarks.marian [--work DIR] [--iters 3] [--warmup 1] [--threads 2] [--new-tokens 64]
+    python -m benchmarks.marian [--family marian|nllb] [--work DIR] [--iters 3] [--warmup 1] [--threads 2]
+                                [--new-tokens N] [--batch N] [--beam-batch N] [--prepare-only]
                                 [--engines twostep-fp32,twostep-int8,ct2-fp32,ct2-int8,optimum]
                                 [--optimum-python PY] [--json OUT] [--markdown OUT] [--tiny]
 
@@ -14,6 +16,15 @@ directory is written with `save_pretrained` as OPUS-MT ships it: config.json, ge
 (bad_words_ids [[pad]], no forced eos), model.safetensors and a MarianTokenizer (a small SentencePiece model
 and a vocab.json of 58101 tokens; the engines take token ids, so it only has to be loadable: CTranslate2's
 converter reads the vocabulary from it).
+
+`--family nllb`: transformers' M2M100ForConditionalGeneration with random weights at NLLB-200-distilled-600M's
+size (d_model 1024, 12+12 layers, 16 heads, ffn 4096, relu, scaled embeddings shared and tied, sinusoidal
+positions, an embedding of 256,206 rows: 256,204 tokenizer ids and 2 padding rows, bos 0, pad 1, eos 2 = decoder
+start) and an NllbTokenizer of 256,204 ids (a BPE vocabulary of 256,001 names without merges, NLLB's 202
+language codes, <mask>) saved as tokenizer.json alone. Sources start with the source language code (eng_Latn)
+and end with eos; every engine forces the target language code (fra_Latn) after the decoder start (twostep
+`tgt_lang`, CTranslate2 `target_prefix`, transformers/Optimum `forced_bos_token_id`); the tokens compared and
+counted are those after it. Workloads: greedy batch 1, greedy batch 16, beam 4 batch 8, 32 new tokens.
 
 The engines, each in its own worker process, loaded once and then driven over a pipe:
 
@@ -86,6 +97,41 @@ class Size:
 
 BASE = Size("base", 58101, 512, 6, 8, 2048, 512, 0.05)  # OPUS-MT's (Helsinki-NLP/opus-mt-*)
 TINY = Size("tiny", 100, 32, 2, 4, 64, 64, 0.3)  # the smoke test's
+NLLB_600M = Size("600M", 256206, 1024, 12, 16, 4096, 1024, 0.05)  # NLLB-200-distilled-600M's
+NLLB_TINY = Size("tiny", 300, 32, 2, 4, 64, 64, 0.3)  # 95 BPE names, 202 language codes, <mask>, 2 padding rows
+NLLB_SRC_LANG, NLLB_TGT_LANG = "eng_Latn", "fra_Latn"
+NLLB_PADDING_ROWS = 2  # the embedding's rows beyond the tokenizer's ids (256,206 - 256,204)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What differs between the model families: the model, its ids, the languages and the default workloads."""
+
+    name: str
+    base: Size
+    tiny: Size
+    hf_class: str  # the transformers class of the eager reference
+    pad: int | None  # None: the last id
+    eos: int
+    first_id: int  # random source ids are drawn from first_id .. the pad (Marian) or the first language code
+    src_lang: str | None  # its code starts every source (NLLB)
+    tgt_lang: str | None  # its code is forced after the decoder start (NLLB)
+    batch: int  # the greedy batch workload's
+    beam_batch: int
+    new_tokens: int
+
+    def pad_id(self, size: Size) -> int:
+        return size.vocab - 1 if self.pad is None else self.pad
+
+    def first_code(self, size: Size) -> int:
+        """NLLB: the id of the first language code (after bos, pad, eos, unk and the BPE names)."""
+        return size.vocab - NLLB_PADDING_ROWS - 1 - len(nllb_codes())
+
+
+def nllb_codes() -> list[str]:
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    return list(FAIRSEQ_LANGUAGE_CODES)
 
 
 @dataclass(frozen=True)
@@ -140,12 +186,65 @@ def build_hf_model(out: Path, size: Size, seed: int = 0) -> Path:
     return out
 
 
-def make_sentences(n: int, vocab: int, seed: int = 0, lengths: tuple[int, int] = (10, 40)) -> list[list[int]]:
-    """n random sources: 10..40 ids from 2 .. vocab - 2 (not eos 0, unk 1 or pad vocab - 1), then eos."""
+def build_nllb_model(out: Path, size: Size, seed: int = 0) -> Path:
+    """A random-weight NLLB directory with NLLB's id layout (see the module docstring)."""
+    import torch
+    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+
+    codes = nllb_codes()
+    names = size.vocab - NLLB_PADDING_ROWS - len(codes) - 1  # 256,001 at full size, as NLLB's
+    # NLLB's order: the names, the codes, <mask> last (given alone, NllbTokenizer would put <mask> first)
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{f"\u2581t{i}": i for i in range(4, names)},
+             **{c: names + i for i, c in enumerate(codes)}, "<mask>": names + len(codes)}
+    tokenizer = NllbTokenizer(vocab=vocab, merges=[], src_lang=NLLB_SRC_LANG, tgt_lang=NLLB_TGT_LANG)
+    if len(tokenizer) != size.vocab - NLLB_PADDING_ROWS:
+        raise RuntimeError(f"the NLLB tokenizer has {len(tokenizer)} ids, expected {size.vocab - NLLB_PADDING_ROWS}")
+    config = M2M100Config(
+        vocab_size=size.vocab, d_model=size.d_model, encoder_layers=size.layers, decoder_layers=size.layers,
+        encoder_attention_heads=size.heads, decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn,
+        decoder_ffn_dim=size.ffn, activation_function="relu", scale_embedding=True, tie_word_embeddings=True,
+        max_position_embeddings=size.max_positions, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2, forced_eos_token_id=None, dropout=0.0, init_std=size.init_std)
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(decoder_start_token_id=2, pad_token_id=1, bos_token_id=0,
+                                               eos_token_id=2, forced_eos_token_id=None, max_length=200,
+                                               num_beams=1)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+MARIAN = Family("marian", BASE, TINY, "MarianMTModel", None, 0, 2, None, None, 32, 32, 64)
+NLLB = Family("nllb", NLLB_600M, NLLB_TINY, "M2M100ForConditionalGeneration", 1, 2, 4, NLLB_SRC_LANG, NLLB_TGT_LANG,
+              16, 8, 32)
+FAMILIES = {"marian": (MARIAN, build_hf_model), "nllb": (NLLB, build_nllb_model)}
+
+
+def make_sentences(n: int, family: Family, size: Size, seed: int = 0,
+                   lengths: tuple[int, int] = (10, 40)) -> list[list[int]]:
+    """n random sources: 10..40 ids of ordinary tokens (no eos, unk, pad or language code), then eos; NLLB's
+    start with the source language's code."""
     import random
 
     rng = random.Random(seed)
-    return [[rng.randrange(2, vocab - 1) for _ in range(rng.randint(*lengths))] + [0] for _ in range(n)]
+    if family.src_lang is None:
+        first, end, prefix = family.first_id, family.pad_id(size), []
+    else:
+        codes = nllb_codes()
+        first, end = family.first_id, family.first_code(size)
+        prefix = [end + codes.index(family.src_lang)]
+    return [prefix + [rng.randrange(first, end) for _ in range(rng.randint(*lengths))] + [family.eos]
+            for _ in range(n)]
+
+
+def target_prefix(family: Family, size: Size) -> list[int]:
+    """The ids forced after the decoder start: NLLB's target language code, none for Marian."""
+    return [] if family.tgt_lang is None else [family.first_code(size) + nllb_codes().index(family.tgt_lang)]
 
 
 def run_cmd(cmd: list[str], what: str) -> None:
@@ -158,15 +257,16 @@ def twostep_cli(*args) -> list[str]:
     return [sys.executable, "-m", "twostep.cli", *map(str, args)]
 
 
-def prepare(work: Path, size: Size, engines: list[str], optimum_python: str | None, log) -> tuple[dict, dict]:
+def prepare(work: Path, family: Family, size: Size, engines: list[str], optimum_python: str | None,
+            log) -> tuple[dict, dict]:
     """Build (or reuse) every engine's model files under work; returns (paths, errors by engine)."""
     paths = {"hf": work / "hf", "ckpt": work / "twostep-ckpt", "twostep-fp32": work / "twostep-fp32",
              "twostep-int8": work / "twostep-int8", "ct2-fp32": work / "ct2-fp32", "ct2-int8": work / "ct2-int8",
              "optimum": work / "optimum-onnx"}
     errors: dict[str, str] = {}
     if not (paths["hf"] / "model.safetensors").is_file():
-        log(f"building the random {size.name} Marian model in {paths['hf']}")
-        build_hf_model(paths["hf"], size)
+        log(f"building the random {size.name} {family.name} model in {paths['hf']}")
+        FAMILIES[family.name][1](paths["hf"], size)
 
     if any(e.startswith("twostep") for e in engines):
         try:
@@ -257,7 +357,7 @@ def twostep_engine(spec: dict):
     from twostep.runtime.decoding import DecodeOptions
     from twostep.runtime.translator import open_translator
 
-    n = spec["new_tokens"]
+    n = spec["new_tokens"] + len(spec["prefix"])  # the forced code counts against the limit, as transformers counts it
     translator, backend = open_translator(Path(spec["path"]), batch_size=spec["max_batch"],
                                           options=DecodeOptions(beam_size=spec["max_beam"], max_new_tokens=n,
                                                                 suppress_eos=True),
@@ -265,7 +365,7 @@ def twostep_engine(spec: dict):
     options = {b: DecodeOptions(beam_size=b, max_new_tokens=n, suppress_eos=True) for b in (1, spec["max_beam"])}
 
     def decode(batch, beam):
-        return translator.translate_ids(batch, options[beam])
+        return translator.translate_ids(batch, options[beam], tgt_lang=spec["tgt_lang"])
 
     info = versions("onnxruntime", "numpy")
     info["backend"] = f"{backend.name}, decoder {getattr(backend, 'decoder', '?')}"
@@ -283,20 +383,28 @@ def ct2_engine(spec: dict):
     names = _load_vocab(spec["path"], "source")
     ids = {t: i for i, t in enumerate(_load_vocab(spec["path"], "target"))}
 
+    prefix = [names[i] for i in spec["prefix"]]  # counted in the decoding length, returned in the hypotheses
+    length = n + len(prefix)
+
     def decode(batch, beam):
         results = translator.translate_batch([[names[i] for i in s] for s in batch], beam_size=beam,
-                                             max_input_length=0, max_decoding_length=n, min_decoding_length=n,
-                                             length_penalty=1.0)
-        return [[ids[t] for t in r.hypotheses[0]] for r in results]
+                                             max_input_length=0, max_decoding_length=length,
+                                             min_decoding_length=length, length_penalty=1.0,
+                                             target_prefix=[prefix] * len(batch) if prefix else None)
+        return [[ids[t] for t in r.hypotheses[0][len(prefix):]] for r in results]
 
     info = versions("ctranslate2")
     info["compute_type"] = translator.compute_type
     return decode, info
 
 
-def hf_generate(model, pad: int, n: int):
-    """decode() over transformers' generate (eager MarianMTModel or Optimum's ORTModelForSeq2SeqLM)."""
+def hf_generate(model, spec: dict):
+    """decode() over transformers' generate (eager transformers or Optimum's ORTModelForSeq2SeqLM)."""
     import torch
+
+    pad, prefix = spec["pad"], spec["prefix"]
+    n = spec["new_tokens"] + len(prefix)
+    forced = {"forced_bos_token_id": prefix[0]} if prefix else {}
 
     def decode(batch, beam):
         width = max(len(s) for s in batch)
@@ -305,8 +413,8 @@ def hf_generate(model, pad: int, n: int):
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, do_sample=False,
                                  max_new_tokens=n, min_new_tokens=n, bad_words_ids=[[pad]], length_penalty=1.0,
-                                 num_return_sequences=1)
-        return [row[1:].tolist() for row in out]  # without the decoder start token
+                                 num_return_sequences=1, **forced)
+        return [row[1 + len(prefix):].tolist() for row in out]  # without the decoder start and the forced code
 
     return decode
 
@@ -323,16 +431,16 @@ def optimum_engine(spec: dict):
                                                  provider="CPUExecutionProvider")
     info = versions("optimum", "optimum-onnx", "onnxruntime", "transformers", "torch")
     info["decoder"] = "merged" if model.decoder.is_merged else "decoder + decoder_with_past"
-    return hf_generate(model, spec["pad"], spec["new_tokens"]), info
+    return hf_generate(model, spec), info
 
 
 def transformers_engine(spec: dict):
     import torch
-    from transformers import MarianMTModel
+    import transformers
 
     torch.set_num_threads(spec["threads"])
-    model = MarianMTModel.from_pretrained(spec["path"]).eval()
-    return hf_generate(model, spec["pad"], spec["new_tokens"]), versions("transformers", "torch")
+    model = getattr(transformers, spec["hf_class"]).from_pretrained(spec["path"]).eval()
+    return hf_generate(model, spec), versions("transformers", "torch")
 
 
 FACTORIES = {"twostep": twostep_engine, "ct2": ct2_engine, "optimum": optimum_engine,
@@ -481,16 +589,20 @@ def report(meta: dict, rows: dict, engines: list[str], workloads: list[Workload]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", choices=sorted(FAMILIES), default="marian",
+                   help="marian: OPUS-MT's size; nllb: NLLB-200-distilled-600M's (see above)")
     p.add_argument("--work", type=Path, help="model files are built here once and reused (default: a temp dir)")
-    p.add_argument("--tiny", action="store_true", help="a tiny model (d 32, 2+2 layers, vocab 100), 2 sentences, "
+    p.add_argument("--tiny", action="store_true", help="a tiny model (d 32, 2+2 layers), 2 sentences, "
                    "1 iteration, 8 new tokens: the smoke test's")
     p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {', '.join(ENGINES)}, "
                    "transformers (eager, as a timed engine too)")
-    p.add_argument("--sentences", type=int, help="sentences of the batch-32 workloads (default 64)")
+    p.add_argument("--sentences", type=int, help="sentences of the batched workloads (default 64)")
     p.add_argument("--sentences-b1", type=int, help="sentences of the batch-1 workload (default 16)")
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--batch", type=int, help="the greedy batch workload's (default: marian 32, nllb 16)")
+    p.add_argument("--beam-batch", type=int, help="the beam workload's batch (default: marian 32, nllb 8)")
     p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--workloads", default="greedy-b1,greedy-b32,beam-b32")
+    p.add_argument("--workloads", default="greedy-b1,greedy,beam",
+                   help="of greedy-b1, greedy (batch --batch), beam (batch --beam-batch)")
     p.add_argument("--new-tokens", type=int)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
@@ -512,34 +624,41 @@ def main(argv: list[str] | None = None) -> int:
         optimum_export(*args.optimum_export)
         return 0
 
-    size = TINY if args.tiny else BASE
+    family = FAMILIES[args.family][0]
+    size = family.tiny if args.tiny else family.base
+    batch, beam_batch = args.batch or family.batch, args.beam_batch or family.beam_batch
     n32 = args.sentences or (2 if args.tiny else 64)
     n1 = min(args.sentences_b1 or (2 if args.tiny else 16), n32)
-    new_tokens = args.new_tokens or (8 if args.tiny else 64)
+    new_tokens = args.new_tokens or (8 if args.tiny else family.new_tokens)
     iters = args.iters or (1 if args.tiny else 3)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = set(engines) - set(ENGINES) - {"transformers"}
     if unknown:
         p.error(f"unknown engines {sorted(unknown)}; choose from {', '.join(ENGINES)}, transformers")
     all_workloads = {"greedy-b1": Workload("greedy batch 1", 1, 1, n1),
-                     "greedy-b32": Workload(f"greedy batch {args.batch}", args.batch, 1, n32),
-                     "beam-b32": Workload(f"beam {args.beam} batch {args.batch}", args.batch, args.beam, n32)}
-    workloads = [all_workloads[k.strip()] for k in args.workloads.split(",") if k.strip()]
+                     "greedy": Workload(f"greedy batch {batch}", batch, 1, n32),
+                     "beam": Workload(f"beam {args.beam} batch {beam_batch}", beam_batch, args.beam, n32)}
+    aliases = {"greedy-b32": "greedy", "beam-b32": "beam"}  # the names before --family
+    keys = [aliases.get(k.strip(), k.strip()) for k in args.workloads.split(",") if k.strip()]
+    if set(keys) - set(all_workloads):
+        p.error(f"unknown workloads {sorted(set(keys) - set(all_workloads))}; choose from greedy-b1, greedy, beam")
+    workloads = [all_workloads[k] for k in keys]
 
     def log(msg: str) -> None:
-        print(f"[marian {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+        print(f"[{family.name} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    work = args.work or Path(tempfile.mkdtemp(prefix="twostep-marian-"))
-    work = work / size.name
+    work = args.work or Path(tempfile.mkdtemp(prefix=f"twostep-{family.name}-"))
+    work = work / (size.name if family is MARIAN else f"{family.name}-{size.name}")
     work.mkdir(parents=True, exist_ok=True)
     (work / "logs").mkdir(exist_ok=True)
     optimum_python = find_optimum_python(args.optimum_python) if "optimum" in engines else None
-    paths, errors = prepare(work, size, engines, optimum_python, log)
-    sentences = make_sentences(n32, size.vocab)
-    pad = size.vocab - 1
+    paths, errors = prepare(work, family, size, engines, optimum_python, log)
+    sentences = make_sentences(n32, family, size)
+    pad = family.pad_id(size)
     max_beam = max(w.beam for w in workloads)
-    common = {"threads": args.threads, "new_tokens": new_tokens, "pad": pad, "max_batch": args.batch,
-              "max_beam": max_beam}
+    common = {"threads": args.threads, "new_tokens": new_tokens, "pad": pad, "max_batch": max(batch, beam_batch),
+              "max_beam": max_beam, "prefix": target_prefix(family, size), "tgt_lang": family.tgt_lang,
+              "hf_class": family.hf_class}
 
     def spec(engine: str) -> dict:
         kind = engine.split("-")[0]
@@ -547,14 +666,15 @@ def main(argv: list[str] | None = None) -> int:
         return {**common, "kind": kind, "path": str(path)}
 
     # The reference: eager transformers, once, on the batch workloads' batches (batch 1 reads its prefix).
-    ref_file = work / f"reference-{n32}x{new_tokens}-b{args.batch}-beam{max_beam}.json"
+    ref_batch = {max_beam: beam_batch, 1: batch}
+    ref_file = work / f"reference-{n32}x{new_tokens}-b{batch}-beam{max_beam}-b{beam_batch}.json"
     if ref_file.is_file():
         reference = {int(k): v for k, v in json.loads(ref_file.read_text()).items()}
     else:
         log("eager transformers reference (greedy and beam)")
         ref_worker = Worker("transformers", sys.executable, spec("transformers"), work / "logs" / "reference.log")
         try:
-            reference = {beam: ref_worker.run(batches_of(sentences, args.batch), beam)[1]
+            reference = {beam: ref_worker.run(batches_of(sentences, ref_batch[beam]), beam)[1]
                          for beam in sorted({1, max_beam})}
         finally:
             ref_worker.close()
@@ -614,7 +734,8 @@ def main(argv: list[str] | None = None) -> int:
 
     speedups = speedup_rows(rows, workloads)
     meta = {"cpu": cpu_model(), "threads": args.threads, "new_tokens": new_tokens, "iters": iters,
-            "warmup": args.warmup, "date": time.strftime("%Y-%m-%d %H:%M"), "size": size.__dict__,
+            "warmup": args.warmup, "date": time.strftime("%Y-%m-%d %H:%M"), "family": family.name,
+            "size": size.__dict__,
             "python": sys.version.split()[0], "engines": {e: w.info for e, w in workers.items()},
             "command": " ".join(["python -m benchmarks.marian", *(argv if argv is not None else sys.argv[1:])]),
             "work": str(work), "load_average": {"before": load_before, "after": load_average()}}
