@@ -131,22 +131,24 @@ def test_cpp_decodes_an_artifact_with_external_data_as_python_does(cpp_build, de
     ids = translate(cpp_build, demo_external, ids_lines(sources), "--beam", 4, "--ids")
     assert ids.returncode == 0, ids.stderr
     assert_same("beam 4 ids", ids_lines(py_ids), ids.stdout.splitlines())
-    art = tmp_path / "art"
-    shutil.copytree(demo_external, art)
-    data = bytearray((art / "weights.data").read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    (art / "weights.data").write_bytes(bytes(data))
+    art = tampered_copy(demo_external, tmp_path, "weights.data")
     proc = translate(cpp_build, art, ["three hundred and forty-two"])
     assert proc.returncode == 1
     assert f"{art / 'weights.data'}: sha256 does not match manifest.json" in proc.stderr
 
 
-def test_cpp_rejects_tampered_artifact(cpp_build, demo_artifact, tmp_path):
+def tampered_copy(src: Path, tmp_path: Path, name: str) -> Path:
+    """A copy of the artifact `src` with one byte of its file `name` flipped."""
     art = tmp_path / "art"
-    shutil.copytree(demo_artifact, art)
-    data = bytearray((art / "decoder.onnx").read_bytes())
+    shutil.copytree(src, art)
+    data = bytearray((art / name).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (art / "decoder.onnx").write_bytes(bytes(data))
+    (art / name).write_bytes(bytes(data))
+    return art
+
+
+def test_cpp_rejects_tampered_artifact(cpp_build, demo_artifact, tmp_path):
+    art = tampered_copy(demo_artifact, tmp_path, "decoder.onnx")
     proc = translate(cpp_build, art, ["three hundred and forty-two"])
     assert proc.returncode == 1
     assert proc.stdout == ""
