@@ -8,12 +8,15 @@ import numpy as np
 import onnx
 
 from cli_helpers import twostep
+from twostep.exporter.validate import FULL_GRID
 from twostep.verify import verify
 
 
 def test_ort_cpu_greedy_and_beam4_identical_on_the_whole_test_split(demo_artifact, demo_model_dir):
     report = verify(demo_artifact, demo_model_dir, "ort-cpu", beam_size=4)
     assert report.graphs.ok, report.graphs.failures[:3]
+    grid = FULL_GRID  # verify checks the full grid, export a part of it
+    assert report.graphs.cases == len(grid.batch) * len(grid.src_len) * (1 + len(grid.past_len) * len(grid.new_len))
     assert [(s.mode, s.sentences) for s in report.sequences] == [("greedy", 1000), ("beam4", 1000)]
     assert all(s.identical == s.sentences for s in report.sequences), [s.first_mismatch for s in report.sequences]
     assert report.ok

@@ -163,15 +163,19 @@ def export(
         "decodes with: written by default wherever the model allows it (fp32 or int8, head size a multiple of "
         "8), sharing the plain decoder's weights. --inplace-cache insists on it; --no-inplace-cache leaves it "
         "out. The two plain graphs are written either way.")),
+    jobs: Optional[int] = typer.Option(None, min=1, show_default=False, help=(
+        "Graphs built at once, in this process and in worker processes that each load the model (default: one "
+        "a graph, at most one a core, within the memory available).")),
 ) -> None:
-    """Export a checkpoint as encoder.onnx + decoder.onnx + manifest.json, validated against eager PyTorch."""
+    """Export a checkpoint as encoder.onnx + decoder.onnx + manifest.json, validated against eager PyTorch
+    on the export's shape grid (`twostep verify` checks the full grid)."""
     from twostep.artifact.spec import INPLACE
     from twostep.exporter.export import export as run_export
 
     variants = None if inplace_cache is None else [INPLACE] if inplace_cache else []
     with err.status("exporting") as status:
         result = run_export(ckpt_dir, out_dir, opset=opset, dtype=dtype, optimize=optimize, force=force,
-                            variants=variants, log=lambda m: status.update(m))
+                            variants=variants, jobs=jobs, log=lambda m: status.update(m))
     worst = max(result.report.max_error.values(), default=0.0)
     out.print(f"wrote {result.path} in {result.seconds:.1f}s: {result.report.cases} shape cases validated, "
               f"max error {worst:.2e}")

@@ -26,6 +26,41 @@ def test_manifest_describes_the_artifact(demo_artifact, demo_model_dir):
     assert {"torch", "onnx", "onnxruntime"} <= set(m["exporter"]["versions"])
 
 
+def test_the_manifest_records_the_export_grid(demo_artifact):
+    validation = load_artifact(demo_artifact).manifest.validation
+    grid = validate.EXPORT_GRID
+    assert validation["shape_grid"] == grid.to_dict()
+    assert validation["cases"] == len(grid.batch) * len(grid.src_len) * (1 + len(grid.past_len) * len(grid.new_len))
+
+
+def test_graphs_built_in_worker_processes_equal_those_built_here(tiny_ckpt, tmp_path):
+    """jobs=3: the decoder and the in-place decoder in two worker processes, the encoder here; byte for byte
+    what one process writes."""
+    here = json.loads((export(tiny_ckpt, tmp_path / "here", jobs=1).path / "manifest.json").read_text())
+    away = json.loads((export(tiny_ckpt, tmp_path / "away", jobs=3).path / "manifest.json").read_text())
+    assert "decoder_inplace.onnx" in here["files"]
+    assert away["files"] == here["files"]
+
+
+def test_a_worker_process_error_is_raised_here(tiny_model, tiny_ckpt, tmp_path):
+    """A user error in a worker comes back as the same error, one line; a crash as a RuntimeError that
+    carries the worker's traceback."""
+    import dataclasses
+
+    from twostep.artifact.spec import GRAPHS
+    from twostep.errors import BadCheckpoint
+    from twostep.exporter.export import build_graphs
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BadCheckpoint) as caught:  # the worker loads the checkpoint from its directory
+        build_graphs(tiny_model, tmp_path / "empty", [GRAPHS["decoder"], GRAPHS["encoder"]], tmp_path, 18, False,
+                     "fp32", jobs=2)
+    assert "empty" in str(caught.value) and "Traceback" not in str(caught.value)
+    unknown = dataclasses.replace(GRAPHS["encoder"], name="no_such_graph")
+    with pytest.raises(RuntimeError, match=r"(?s)building no_such_graph failed.*Traceback.*KeyError"):
+        build_graphs(tiny_model, tiny_ckpt, [unknown, GRAPHS["encoder"]], tmp_path, 18, False, "fp32", jobs=2)
+
+
 def test_failed_export_leaves_nothing_behind(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setitem(validate.TOLERANCES, "fp32", {"logits": (0.0, 0.0), "kv": (0.0, 0.0)})
     with pytest.raises(ParityFailure, match="parity failure"):
@@ -37,7 +72,9 @@ def test_failed_export_leaves_nothing_behind(tiny_ckpt, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_base_preset_exports_and_validates(base_export):
     result = base_export
-    assert result.report.ok and result.report.cases == 42
+    grid = validate.EXPORT_GRID
+    assert result.report.ok and result.report.cases == len(grid.batch) * len(grid.src_len) * (
+        1 + len(grid.past_len) * len(grid.new_len))  # plain graphs only: no sessions
     assert load_artifact(result.path).config.d_model == 512
 
 
@@ -62,6 +99,6 @@ def test_a_default_export_carries_the_in_place_decoder_that_ort_cpu_and_serve_de
 
 
 def test_no_inplace_cache_writes_the_plain_graphs_only(tiny_ckpt, tmp_path):
-    assert twostep("export", tiny_ckpt, "--out", tmp_path / "art", "--no-inplace-cache").returncode == 0
+    assert twostep("export", tiny_ckpt, "--out", tmp_path / "art", "--no-inplace-cache", "--jobs", "1").returncode == 0
     assert load_artifact(tmp_path / "art").variants == {}
     assert not (tmp_path / "art" / "decoder_inplace.onnx").exists()

@@ -5,6 +5,10 @@ The graphs come from the list of graph builders (twostep.artifact.spec.GRAPHS): 
 decoder always, each variant wherever the model allows it (or as asked), its weights shared with the contract
 graphs (twostep.exporter.shared). A model past shared.EXTERNAL_DATA_BYTES keeps every graph's weights in one
 external data file, each tensor once.
+
+Tracing is most of an export's time and runs in Python, on one core: the graphs are built side by side, here
+and in worker processes (twostep.exporter.worker), as many in all as there are graphs, cores and memory for a
+copy of the model each (`jobs`), then validated here.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from __future__ import annotations
 import datetime
 import importlib
 import importlib.metadata
+import json
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -21,6 +30,7 @@ from pathlib import Path
 import torch
 
 import twostep
+from twostep import errors
 from twostep.artifact import ARTIFACT, Manifest, load_artifact, write_manifest
 from twostep.artifact.manifest import GraphEntry
 from twostep.artifact.spec import CONTRACT, GRAPHS, GraphInfo
@@ -28,7 +38,7 @@ from twostep.errors import BadInput, ParityFailure
 from twostep.exporter import shared
 from twostep.exporter.graphs import TRACE_SIZES
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
-from twostep.exporter.validate import SHAPE_GRID, TOLERANCES, ParityReport, check_declaration, compare_backend
+from twostep.exporter.validate import EXPORT_GRID, TOLERANCES, ParityReport, check_declaration, compare_backend
 from twostep.files import output_directory
 from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime.backends.ort import OrtBackend
@@ -78,12 +88,88 @@ def chosen_variants(config, precision: str, variants: Collection[str] | None) ->
     return chosen
 
 
+def build_graph(model: torch.nn.Module, name: str, path: Path, opset: int, optimize: bool,
+                precision: str) -> tuple[dict | None, dict | None]:
+    """One graph of the artifact, written to `path`: traced in fp32, then fused and converted to fp16 or
+    quantized as asked; returns (its fusions, the quantization record)."""
+    info = GRAPHS[name]
+    torch.manual_seed(0)
+    builder(info)(model, path, opset)
+    fusions = quantization = None
+    if optimize and not info.variant:
+        fusions = fuse_transformer_ops(path, model.config.n_heads, model.config.d_model)
+    if precision == "fp16":
+        quantization = convert_fp16(path)
+    if precision == "int8":
+        quantization = quantize_int8(path)
+    return fusions, quantization
+
+
+def default_jobs(graphs: int, parameter_bytes: int) -> int:
+    """Worker processes for the graphs: one a graph, at most one a core, and each (a model and its trace,
+    about 3.5x the parameters' bytes at NLLB-600M's size) within the memory available now."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    jobs = min(graphs, cores)
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        jobs = min(jobs, available // max(1, 4 * parameter_bytes))
+    except (OSError, StopIteration, ValueError):
+        pass
+    return max(1, jobs)
+
+
+def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo], tmp: Path, opset: int,
+                 optimize: bool, precision: str, jobs: int) -> list[tuple[dict | None, dict | None]]:
+    """build_graph for each graph: `jobs - 1` worker processes (twostep.exporter.worker, which load the
+    checkpoint themselves) take one graph each, the decoders first (they take longest), and this process
+    builds the rest meanwhile. A worker's user error is raised here as the same error; a worker's crash
+    as a RuntimeError carrying its traceback."""
+    order = sorted(graphs, key=lambda info: info.name != "decoder")  # the plain decoder takes longest
+    away, here = order[: jobs - 1], order[jobs - 1 :]
+    workers = {}
+    try:
+        for info in away:
+            call = {"checkpoint": str(ckpt_dir), "graph": info.name, "path": str(tmp / info.file), "opset": opset,
+                    "optimize": optimize, "precision": precision}
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            process = subprocess.Popen([sys.executable, "-m", "twostep.exporter.worker"], stdin=subprocess.PIPE,
+                                       stdout=out, stderr=err, text=True)
+            process.stdin.write(json.dumps(call))
+            process.stdin.close()
+            workers[info.name] = process, out, err
+        results = {info.name: build_graph(model, info.name, tmp / info.file, opset, optimize, precision)
+                   for info in here}
+        for name, (process, out, err) in workers.items():
+            process.wait()
+            out.seek(0)
+            err.seek(0)
+            lines = out.read().splitlines()
+            answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+            if "error" in answer:
+                raise getattr(errors, answer["error"], errors.TwostepError)(answer["message"])
+            if process.returncode != 0 or "fusions" not in answer:
+                raise RuntimeError(f"the worker process building {name} failed (exit status {process.returncode}):"
+                                   f"\n{err.read()[-4000:]}")
+            results[name] = answer["fusions"], answer["quantization"]
+    finally:
+        for process, out, err in workers.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            out.close()
+            err.close()
+    return [results[info.name] for info in graphs]
+
+
 def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str = "fp32", optimize: bool = False,
-           force: bool = False, variants: Collection[str] | None = None, log=lambda message: None) -> ExportResult:
+           force: bool = False, variants: Collection[str] | None = None, jobs: int | None = None,
+           log=lambda message: None) -> ExportResult:
     """`optimize`: apply ONNX Runtime's transformer fusions to the contract's graphs (ONNX Runtime only:
     TensorRT cannot parse them). `variants`: the variant graphs to write besides the contract's two (e.g.
     ["decoder_inplace"]; [] for none); None writes every one the model allows.
-    `force`: replace an earlier artifact at `out_dir` (never anything else; see twostep.files)."""
+    `force`: replace an earlier artifact at `out_dir` (never anything else; see twostep.files).
+    `jobs`: processes building the graphs (default_jobs when None)."""
     if dtype not in DTYPES:
         raise BadInput(f"--dtype {dtype!r} is not supported by this exporter; choose one of {', '.join(DTYPES)}")
     if not 17 <= opset <= 23:
@@ -94,23 +180,16 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
     onnx_dtype, precision = DTYPES[dtype]
     graphs = [GRAPHS[name] for name in CONTRACT] + chosen_variants(model.config, precision, variants)
     out_dir = Path(out_dir)
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    jobs = default_jobs(len(graphs), parameter_bytes) if jobs is None else max(1, jobs)
     with output_directory(out_dir, ARTIFACT, force) as tmp:
-        torch.manual_seed(0)
-        quantization, fusions = None, {}
-        for info in graphs:
-            log(f"exporting {info.name}")
-            path = tmp / info.file
-            builder(info)(model, path, opset)  # traced in fp32
-            if optimize and not info.variant:
-                log(f"fusing {info.name}")
-                fusions[info.name] = fuse_transformer_ops(path, model.config.n_heads, model.config.d_model)
-            if precision == "fp16":
-                log(f"converting {info.name} to fp16")
-                quantization = convert_fp16(path)
-            if precision == "int8":
-                log(f"quantizing {info.name} to int8")
-                quantization = quantize_int8(path)
-        if sum(p.numel() * p.element_size() for p in model.parameters()) > shared.EXTERNAL_DATA_BYTES:
+        steps = ", ".join(filter(None, ["traced", "fused" if optimize else "",
+                                        {"fp16": "converted to fp16", "int8": "quantized to int8"}.get(precision)]))
+        log(f"exporting {', '.join(info.name for info in graphs)} ({steps}) in {jobs} process(es)")
+        built = build_graphs(model, ckpt.path, graphs, tmp, opset, optimize, precision, jobs)
+        fusions = {info.name: f for info, (f, _) in zip(graphs, built) if f is not None}
+        quantization = built[-1][1]
+        if parameter_bytes > shared.EXTERNAL_DATA_BYTES:
             log(f"storing the weights once, in {shared.WEIGHTS}")
             shared.store_once([tmp / info.file for info in graphs])
         else:
@@ -133,13 +212,13 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
                       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
         )
         write_manifest(tmp, manifest)
-        log("validating against eager PyTorch on the shape grid")
+        log("validating against eager PyTorch on the export's shape grid")
         with OrtBackend(load_artifact(tmp)) as candidate, TorchBackend(model) as reference:
-            report = compare_backend(candidate, reference, precision)  # with the decoder it decodes with
+            report = compare_backend(candidate, reference, precision, EXPORT_GRID)  # with the decoder it decodes with
         if not report.ok:
             raise ParityFailure(f"{len(report.failures)} parity failure(s) after export:\n  "
                                 + "\n  ".join(report.failures[:50]))
         write_manifest(tmp, manifest.replace(validation={
-            "tolerances": TOLERANCES[precision], "shape_grid": SHAPE_GRID, "cases": report.cases,
+            "tolerances": TOLERANCES[precision], "shape_grid": EXPORT_GRID.to_dict(), "cases": report.cases,
             "max_error": report.max_error}))
     return ExportResult(out_dir, report, time.perf_counter() - started)

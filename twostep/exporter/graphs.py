@@ -36,9 +36,12 @@ def example_inputs(model: Transformer, graph: str) -> tuple:
     return torch.randint(4, max(vocab, 5), (b, t)), mask, lengths, flatten(past), cross
 
 
-def dynamic_shapes(spec: GraphSpec, graph: str) -> tuple:
-    """torch.export dims from the spec's symbolic axis names (composite output axes are derived)."""
-    dims = {name: Dim(name, min=0 if name == "past_len" else 1) for name in TRACE_SIZES}
+def dynamic_shapes(spec: GraphSpec, graph: str, max_positions: int) -> tuple:
+    """torch.export dims from the spec's symbolic axis names (composite output axes are derived). Lengths are
+    bounded by the position table (the encoder reads src_len rows of it): without the bound torch.export
+    refuses the first capture and torch.onnx.export captures the graph a second time with refined shapes."""
+    dims = {name: Dim(name, min=0 if name == "past_len" else 1, max=None if name == "batch" else max_positions)
+            for name in TRACE_SIZES}
 
     def axes(tensor_shape):
         return {i: dims[d] for i, d in enumerate(tensor_shape) if isinstance(d, str)}
@@ -52,13 +55,24 @@ def dynamic_shapes(spec: GraphSpec, graph: str) -> tuple:
 
 def export_graph(model: Transformer, graph: str, spec: GraphSpec, path: Path, opset: int) -> None:
     wrapper = (EncoderGraph(model) if graph == "encoder" else DecoderGraph(model, search_width(model.config))).eval()
+    trace(wrapper, example_inputs(model, graph), dynamic_shapes(spec, graph, model.config.max_positions), spec,
+          path, opset)
+
+
+def trace(module: torch.nn.Module, inputs: tuple, shapes: tuple, spec: GraphSpec, path: Path, opset: int,
+          **options) -> None:
+    """One capture with torch.export (non-strict), then torch.onnx.export's translation of the program.
+    torch.onnx.export's own capture runs in a size-oblivious mode in which a dim of size 1 cannot be proved
+    apart from the rest, so it traced our decoder twice (the first capture refused, the second with refined
+    shapes): tracing here first halves the time, and validation proves the graph on sizes 0 and 1."""
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed"
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation and axis-renaming chatter
+        program = torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
         torch.onnx.export(
-            wrapper, example_inputs(model, graph), str(path), dynamo=True, external_data=False,
-            input_names=spec.input_names, output_names=spec.output_names, opset_version=opset,
-            dynamic_shapes=dynamic_shapes(spec, graph), optimize=True, verbose=False,
+            program, inputs, str(path), dynamo=True, external_data=False, dynamic_shapes=shapes,
+            input_names=spec.input_names,
+            output_names=spec.output_names, opset_version=opset, optimize=True, verbose=False, **options,
         )
 
 

@@ -21,9 +21,7 @@ key and value head sizes, and one new token per step once the cache holds a past
 
 from __future__ import annotations
 
-import logging
 import math
-import warnings
 from pathlib import Path
 
 import torch
@@ -32,7 +30,7 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 from twostep.artifact.spec import inplace_spec, search_width
-from twostep.exporter.graphs import TRACE_SIZES, example_inputs
+from twostep.exporter.graphs import TRACE_SIZES, example_inputs, trace
 from twostep.model.graphs import flatten, pairs, search_outputs
 from twostep.model.transformer import KV, Transformer
 
@@ -85,25 +83,23 @@ class InplaceDecoderGraph(nn.Module):
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
-        self.packed = {}
         for i, layer in enumerate(model.decoder.layers):
             attn = layer.self_attn
             weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
             self.register_buffer(f"qkv_weight_{i}", weight)
-            bias = None
             if attn.q_proj.bias is not None:
                 bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
                 self.register_buffer(f"qkv_bias_{i}", bias)
-            self.packed[id(attn)] = i
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, past_lengths: Tensor,
                 past_self: list[Tensor], past_cross: list[Tensor]) -> tuple:
         new_len = input_ids.shape[1]
         seqlens_k = (past_lengths + (new_len - 1)).to(torch.int32)  # each row's total length - 1
         total = (past_lengths.max() + new_len).to(torch.int32)
+        layers = iter(range(len(self.model.decoder.layers)))  # decode_step attends layer by layer, in order
 
         def attend(attn: nn.Module, h: Tensor, past: KV) -> tuple[Tensor, KV]:
-            i = self.packed[id(attn)]
+            i = next(layers)
             qkv = F.linear(h, getattr(self, f"qkv_weight_{i}"), getattr(self, f"qkv_bias_{i}", None))
             out, key, value = torch.ops.twostep.group_query_attention(
                 qkv, past[0], past[1], seqlens_k, total, attn.n_heads, 1.0 / math.sqrt(attn.d_k))
@@ -122,7 +118,9 @@ def export_inplace(model: Transformer, path: Path, opset: int) -> None:
     capacity = p + TRACE_SIZES["new_len"] + 1
     buffers = [torch.cat([t, t.new_zeros(b, t.shape[1], capacity - p, t.shape[3])], dim=2) for t in past]
     lengths = torch.full((b,), p, dtype=torch.long)
-    dims = {name: Dim(name, min=1) for name in ("batch", "new_len", "src_len", "capacity")}
+    bound = model.config.max_positions
+    dims = {name: Dim(name, min=1, max=None if name in ("batch", "capacity") else bound)
+            for name in ("batch", "new_len", "src_len", "capacity")}
 
     def axes(tensor_shape):
         return {i: dims[d] for i, d in enumerate(tensor_shape) if isinstance(d, str)}
@@ -130,12 +128,5 @@ def export_inplace(model: Transformer, path: Path, opset: int) -> None:
     shapes = [axes(t.shape) for t in spec.inputs]
     n_self = len(spec.past_self)
     dynamic = (shapes[0], shapes[1], shapes[2], shapes[3 : 3 + n_self], shapes[3 + n_self :])
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            InplaceDecoderGraph(model).eval(), (ids, mask, lengths, buffers, cross), str(path), dynamo=True,
-            external_data=False, input_names=spec.input_names, output_names=spec.output_names,
-            opset_version=opset, dynamic_shapes=dynamic, optimize=True, verbose=False,
-            custom_translation_table={torch.ops.twostep.group_query_attention.default: onnx_group_query_attention},
-        )
+    trace(InplaceDecoderGraph(model).eval(), (ids, mask, lengths, buffers, cross), dynamic, spec, path, opset,
+          custom_translation_table={torch.ops.twostep.group_query_attention.default: onnx_group_query_attention})

@@ -14,10 +14,36 @@ import onnx
 from twostep.artifact.spec import GraphSpec, past_name
 from twostep.runtime.backends.base import Backend
 
-# Batch 1 and 3; source lengths 1, 7 and 33 with padding; past 0, 1 and 17; new tokens 1 and 4. In a batch
-# of 3, rows are at different positions (past_lengths p, p - 7, p - 14, at least 0): the columns before a
-# row's own are other tokens' K/V, which the graph must mask.
-SHAPE_GRID = {"batch": (1, 3), "src_len": (1, 7, 33), "past_len": (0, 1, 17), "new_len": (1, 4)}
+
+@dataclass(frozen=True)
+class Grid:
+    """The shapes parity is checked on: the encoder on every (batch, src_len), the decoder on every (batch,
+    src_len, past_len, new_len), and a variant decoder driven step by step (compare_sessions) on each of
+    `sessions`' (batch, src_len). In a batch of 3, rows are at different positions (past_lengths p, p - 7,
+    p - 14, at least 0): the columns before a row's own are other tokens' K/V, which the graph must mask."""
+    batch: tuple[int, ...]
+    src_len: tuple[int, ...]
+    past_len: tuple[int, ...]
+    new_len: tuple[int, ...]
+    sessions: tuple[tuple[int, int], ...]
+
+    def axes(self) -> dict[str, tuple[int, ...]]:
+        return {"batch": self.batch, "src_len": self.src_len, "past_len": self.past_len, "new_len": self.new_len}
+
+    def to_dict(self) -> dict:
+        """As the manifest's JSON holds it."""
+        return {**{axis: list(sizes) for axis, sizes in self.axes().items()},
+                "sessions": [list(pair) for pair in self.sessions]}
+
+
+# `twostep verify`'s: batch 1 and 3; source lengths 1, 7 and 33 with padding; past 0, 1 and 17; new tokens 1
+# and 4 (42 graph cases); sessions on all six (batch, src_len).
+FULL_GRID = Grid(batch=(1, 3), src_len=(1, 7, 33), past_len=(0, 1, 17), new_len=(1, 4),
+                 sessions=tuple(itertools.product((1, 3), (1, 7, 33))))
+# `twostep export`'s: the same edges (batch 1, a source of 1, an empty past, one new token) and the far sizes,
+# without the middle ones (20 graph cases); sessions on a lone row with a one-token source and on the batch of
+# 3 with padding, where rows trade places, leave and join. Most of the time is the eager reference.
+EXPORT_GRID = Grid(batch=(1, 3), src_len=(1, 33), past_len=(0, 17), new_len=(1, 4), sessions=((1, 1), (3, 33)))
 
 # (atol, rtol) per output kind and weight precision; "logits" and "kv" (every K/V tensor). int8 has none:
 # its errors are reported, and what it must pass is token agreement with fp32 eager (twostep verify).
@@ -89,11 +115,11 @@ def check_declaration(path: Path, spec: GraphSpec) -> list[str]:
     return problems
 
 
-def grid_feeds(reference: Backend, seed: int = 0):
+def grid_feeds(reference: Backend, grid: Grid = FULL_GRID, seed: int = 0):
     """(case name, graph, feeds) over the shape grid; decoder pasts come from the reference itself."""
     c = reference.config
     rng = np.random.default_rng(seed)
-    for batch, src_len in itertools.product(SHAPE_GRID["batch"], SHAPE_GRID["src_len"]):
+    for batch, src_len in itertools.product(grid.batch, grid.src_len):
         ids = rng.integers(min(4, c.src_vocab_size - 1), c.src_vocab_size, (batch, src_len), dtype=np.int64)
         mask = np.ones((batch, src_len), dtype=np.int64)
         for row in range(1, batch):  # padding: rows 1.. are shorter
@@ -103,7 +129,7 @@ def grid_feeds(reference: Backend, seed: int = 0):
         yield f"b{batch}_s{src_len}", "encoder", enc_feeds
         cross = reference.run("encoder", enc_feeds)
         cross_feeds = {past_name(k): v for k, v in cross.items()}
-        for past_len, new_len in itertools.product(SHAPE_GRID["past_len"], SHAPE_GRID["new_len"]):
+        for past_len, new_len in itertools.product(grid.past_len, grid.new_len):
             if past_len:
                 prefix = rng.integers(min(4, c.tgt_vocab_size - 1), c.tgt_vocab_size, (batch, past_len), dtype=np.int64)
                 out = reference.run("decoder", {"input_ids": prefix, "encoder_attention_mask": mask,
@@ -125,13 +151,14 @@ def empty_past(backend: Backend, batch: int) -> dict[str, np.ndarray]:
             for t in backend.graphs["decoder"].past_self}
 
 
-def compare_graphs(candidate: Backend, reference: Backend, precision: str = "fp32") -> ParityReport:
+def compare_graphs(candidate: Backend, reference: Backend, precision: str = "fp32",
+                   grid: Grid = FULL_GRID) -> ParityReport:
     """Run both backends on the shape grid and compare every output with its tolerance."""
     report = ParityReport()
     tolerances = TOLERANCES[precision]
     graph_dtype = candidate.graphs["decoder"].outputs[0].dtype  # an fp32 graph may run fp16 (trt --fp16)
     cast = np.float16 if graph_dtype == "float16" else np.float32
-    for case, graph, feeds in grid_feeds(reference):
+    for case, graph, feeds in grid_feeds(reference, grid):
         expected = reference.run(graph, feeds)
         cand_feeds = {k: (v.astype(cast) if v.dtype == np.float32 else v) for k, v in feeds.items()}
         got = candidate.run(graph, cand_feeds)
@@ -157,11 +184,14 @@ def compare_graphs(candidate: Backend, reference: Backend, precision: str = "fp3
     return report
 
 
-def compare_backend(candidate: Backend, reference: Backend, precision: str = "fp32") -> ParityReport:
-    """What export and verify check: the graphs on the shape grid, then, where the candidate decodes with a
-    variant of the decoder (ort-cpu's in-place one), that decoder step by step."""
-    report = compare_graphs(candidate, reference, precision)
-    return compare_sessions(candidate, reference, precision, report) if candidate.decoder != "decoder" else report
+def compare_backend(candidate: Backend, reference: Backend, precision: str = "fp32",
+                    grid: Grid = FULL_GRID) -> ParityReport:
+    """What export (EXPORT_GRID) and verify (FULL_GRID) check: the graphs on the shape grid, then, where the
+    candidate decodes with a variant of the decoder (ort-cpu's in-place one), that decoder step by step."""
+    report = compare_graphs(candidate, reference, precision, grid)
+    if candidate.decoder == "decoder":
+        return report
+    return compare_sessions(candidate, reference, precision, report, grid=grid)
 
 
 def search_failures(case: str, graph: str, got: dict[str, np.ndarray], logits: np.ndarray,
@@ -191,19 +221,19 @@ def search_failures(case: str, graph: str, got: dict[str, np.ndarray], logits: n
 
 
 def compare_sessions(candidate: Backend, reference: Backend, precision: str = "fp32",
-                     report: ParityReport | None = None, seed: int = 1) -> ParityReport:
+                     report: ParityReport | None = None, seed: int = 1, grid: Grid = FULL_GRID) -> ParityReport:
     """The candidate's decoder (candidate.session(): the in-place decoder's, say) against the reference's
-    session, step by step on the grid's batches and source lengths: a 4-token first step, then one token a step past the
-    first capacity (so the buffer grows), a beam-style reorder of the cache, a row leaving the batch, a row
-    freed, then two sentences joining (one in the freed row, one in a new row, with a longer source than the
-    batch's), which then decode next to rows that are 17 positions further on. Tokens are drawn at random,
-    not decoded, so both sides see the same inputs; every step's logits are compared."""
+    session, step by step on the grid's `sessions` (batch, source length): a 4-token first step, then one
+    token a step past the first capacity (so the buffer grows), a beam-style reorder of the cache, a row
+    leaving the batch, a row freed, then two sentences joining (one in the freed row, one in a new row, with a
+    longer source than the batch's), which then decode next to rows that are 17 positions further on. Tokens
+    are drawn at random, not decoded, so both sides see the same inputs; every step's logits are compared."""
     report = report or ParityReport()
     tolerances = TOLERANCES[precision]
     c = reference.config
     rng = np.random.default_rng(seed)
     key = f"{candidate.decoder}.logits"
-    for batch, src_len in itertools.product(SHAPE_GRID["batch"], SHAPE_GRID["src_len"]):
+    for batch, src_len in grid.sessions:
         ids = rng.integers(min(4, c.src_vocab_size - 1), c.src_vocab_size, (batch, src_len), dtype=np.int64)
         mask = np.ones((batch, src_len), dtype=np.int64)
         mask[1:, max(1, src_len // 2):] = 0

@@ -1,0 +1,37 @@
+"""A graph-building worker process of `twostep export` (export.build_graphs starts it):
+
+    python -m twostep.exporter.worker < call.json
+
+The call, one JSON object on stdin: {"checkpoint", "graph", "path", "opset", "optimize", "precision"}. The
+worker loads the checkpoint, writes the graph (export.build_graph) and prints one JSON line: {"fusions",
+"quantization"}, or, for an error the user can fix, {"error": its class in twostep.errors, "message"} with exit
+status 1. Anything else is a bug: its traceback goes to stderr, exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from twostep.errors import TwostepError
+
+
+def main() -> int:
+    call = json.loads(sys.stdin.read())
+    from twostep.exporter.export import build_graph
+    from twostep.model.checkpoint import load_checkpoint
+
+    try:
+        model = load_checkpoint(Path(call["checkpoint"])).model.eval()
+        fusions, quantization = build_graph(model, call["graph"], Path(call["path"]), call["opset"],
+                                            call["optimize"], call["precision"])
+    except TwostepError as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+        return 1
+    print(json.dumps({"fusions": fusions, "quantization": quantization}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
