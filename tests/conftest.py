@@ -122,7 +122,7 @@ class Pretrained:
     """A tiny pretrained-family model (tests/hf_models.py): its transformers directory, the twostep checkpoint
     imported from it, the artifact exported from that (default export: with the in-place decoder), the languages
     its sentences translate with, and transformers' generate() answers for TEST_SENTENCES (tokens, texts):
-    greedy, and beam 4."""
+    greedy, and beam 4 with its best hypotheses' `sequences_scores`."""
 
     name: str
     hf: Path
@@ -132,6 +132,7 @@ class Pretrained:
     greedy: tuple[list[list[int]], list[str]]
     beam: tuple[list[list[int]], list[str]]
     other_target: str | None  # a second target language, forced per row (None: the family forces none)
+    beam_scores: list[float]  # transformers' sequences_scores of the beam-4 answers
 
     @property
     def text_in_cpp(self) -> bool:
@@ -150,6 +151,9 @@ PRETRAINED = {  # name: (builder, languages, a second target language forced per
 }
 JSON_ONLY = {"nllb-json"}  # tokenizer.json without the SentencePiece model (as transformers 5 saves it)
 NEW_TOKENS = 20
+# |twostep's beam score - transformers' sequences_scores| at most: fp32 logits agree to ~1e-5 a step; a forced
+# token's log-probability left at log_softmax instead of 0 moves M2M100's scores by ~3e-3
+SCORE_ATOL = 1e-4
 
 
 @pytest.fixture(scope="session", params=list(PRETRAINED))
@@ -165,6 +169,7 @@ def pretrained(request, tmp_path_factory) -> Pretrained:
     import_hf_directory(hf, root / "ckpt")
     export(root / "ckpt", root / "art")
     sentences = hf_models.TEST_SENTENCES
-    return Pretrained(request.param, hf, root / "ckpt", root / "art", langs,
-                      hf_models.reference(hf, sentences, NEW_TOKENS, **langs),
-                      hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs), other_target)
+    greedy = hf_models.reference(hf, sentences, NEW_TOKENS, **langs)[:2]
+    *beam, beam_scores = hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs)
+    return Pretrained(request.param, hf, root / "ckpt", root / "art", langs, greedy, tuple(beam), other_target,
+                      beam_scores)

@@ -213,9 +213,10 @@ def finish(model, tokenizer, out: Path, spm_file: Path | None, seed: int, train_
 
 
 def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int = 1, src_lang: str | None = None,
-              tgt_lang: str | None = None) -> tuple[list[list[int]], list[str]]:
+              tgt_lang: str | None = None) -> tuple[list[list[int]], list[str], list[float] | None]:
     """transformers' generate() (greedy, or beam search with `beams`) one sentence at a time: the generated ids
-    (without the start token, a forced language token and eos) and the decoded text."""
+    (without the start token, a forced language token and eos), the decoded text and, for beam search, the
+    best hypothesis' `sequences_scores` (its log-probability divided by its length ** length_penalty)."""
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -228,14 +229,17 @@ def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int
     if tgt_lang and not marian:
         kwargs["forced_bos_token_id"] = (tokenizer.get_lang_id(tgt_lang) if hasattr(tokenizer, "get_lang_id")
                                          else tokenizer.convert_tokens_to_ids(tgt_lang))
-    tokens, texts_out = [], []
+    tokens, texts_out, scores = [], [], []
     for text in texts:
         if tgt_lang and marian:
             text = f">>{tgt_lang}<< {text}"
         batch = tokenizer([text], return_tensors="pt")
         with torch.no_grad():
-            out = model.generate(**batch, max_new_tokens=max_new_tokens, num_beams=beams, do_sample=False,
-                                 **kwargs)[0].tolist()
+            result = model.generate(**batch, max_new_tokens=max_new_tokens, num_beams=beams, do_sample=False,
+                                    output_scores=True, return_dict_in_generate=True, **kwargs)
+        out = result.sequences[0].tolist()
+        if beams > 1:
+            scores.append(float(result.sequences_scores[0]))
         # transformers 5's M2M100Tokenizer keeps language tokens in decoded text even with skip_special_tokens
         # (4.x dropped them, as twostep does): the text is that of the tokens after the forced language token.
         out = out[1 + bool(kwargs):]  # the start token, the forced language token
@@ -245,4 +249,4 @@ def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int
         if model.generation_config.eos_token_id in out:
             out = out[: out.index(model.generation_config.eos_token_id)]
         tokens.append(out)
-    return tokens, texts_out
+    return tokens, texts_out, scores if beams > 1 else None

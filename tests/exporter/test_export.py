@@ -4,6 +4,10 @@ in-place decoder by default."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +63,43 @@ def test_a_worker_process_error_is_raised_here(tiny_model, tiny_ckpt, tmp_path):
     unknown = dataclasses.replace(GRAPHS["encoder"], name="no_such_graph")
     with pytest.raises(RuntimeError, match=r"(?s)building no_such_graph failed.*Traceback.*KeyError"):
         build_graphs(tiny_model, tiny_ckpt, [unknown, GRAPHS["encoder"]], tmp_path, 18, False, "fp32", jobs=2)
+
+
+def worker_processes(parent: int) -> list[int]:
+    """Pids of the export worker processes whose parent is `parent` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"twostep.exporter.worker" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker processes in Linux's /proc")
+def test_a_killed_export_takes_its_worker_processes_with_it(tiny_ckpt, tmp_path):
+    """SIGKILL to `twostep export` while its workers build graphs: no worker goes on writing into the
+    temporary directory that the next run cleans up."""
+    command = [sys.executable, "-m", "twostep.cli", "export", str(tiny_ckpt), "--out", str(tmp_path / "art"), "--jobs",
+               "3"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers := worker_processes(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(workers) == 2, "the export should have started two workers"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 1.5  # a worker alone lives for seconds more: importing torch, tracing
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()
+             and b"twostep.exporter.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert alive == [], "worker processes outlived the killed export"
 
 
 def test_failed_export_leaves_nothing_behind(tiny_ckpt, tmp_path, monkeypatch):

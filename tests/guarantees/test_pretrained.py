@@ -7,24 +7,27 @@ library's parity are in tests/serving and tests/cpp, on the same models."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import hf_models
 from cli_helpers import twostep
-from conftest import NEW_TOKENS
+from conftest import NEW_TOKENS, SCORE_ATOL
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.translator import open_translator
 
 SENTENCES = hf_models.TEST_SENTENCES
 
 
-def translate(pretrained, options: DecodeOptions, **backend_options) -> tuple[list[list[int]], list[str], str]:
-    """(tokens, texts, the decoder it decoded with) of twostep on the artifact's ort-cpu backend."""
+def translate(pretrained, options: DecodeOptions, with_scores: bool = False, **backend_options) -> tuple:
+    """(tokens, texts, the decoder it decoded with[, the best hypotheses' scores]) of twostep on the artifact's
+    ort-cpu backend."""
     translator, backend = open_translator(pretrained.art, options=options, **backend_options)
     with backend:
         langs = pretrained.langs
         hyps = translator.decode_ids(translator.encode(SENTENCES, **langs), tgt_lang=langs.get("tgt_lang"))
-        return [h[0].tokens for h in hyps], translator.best_texts(hyps), backend.decoder
+        out = [h[0].tokens for h in hyps], translator.best_texts(hyps), backend.decoder
+        return (*out, [h[0].score for h in hyps]) if with_scores else out
 
 
 def test_greedy_decodes_transformers_tokens_and_text_on_both_decoders(pretrained):
@@ -44,10 +47,12 @@ def test_greedy_decodes_transformers_tokens_and_text_on_both_decoders(pretrained
 def test_beam_search_with_transformers_stopping_rule_decodes_its_tokens_and_text(pretrained):
     """transformers keeps beam_size finished hypotheses before it stops; twostep's default (n_best) stops once
     the best finished one cannot be beaten at the current length, so it may stop earlier with another best:
-    beam_stop="transformers" reproduces transformers' rule (docs/models.md)."""
+    beam_stop="transformers" reproduces transformers' rule (docs/models.md). The best hypotheses' scores equal
+    transformers' sequences_scores to SCORE_ATOL."""
     options = DecodeOptions(beam_size=4, max_new_tokens=NEW_TOKENS, beam_stop="transformers")
-    tokens, texts, _ = translate(pretrained, options)
+    tokens, texts, _, scores = translate(pretrained, options, with_scores=True)
     assert (tokens, texts) == pretrained.beam
+    assert np.allclose(scores, pretrained.beam_scores, rtol=0, atol=SCORE_ATOL), (scores, pretrained.beam_scores)
 
 
 def test_the_cli_translates_text_with_languages_as_transformers_does(pretrained):

@@ -2,23 +2,37 @@
 
     python -m twostep.exporter.worker < call.json
 
-The call, one JSON object on stdin: {"checkpoint", "graph", "path", "opset", "optimize", "precision"}. The
-worker loads the checkpoint, writes the graph (export.build_graph) and prints one JSON line: {"fusions",
-"quantization"}, or, for an error the user can fix, {"error": its class in twostep.errors, "message"} with exit
-status 1. Anything else is a bug: its traceback goes to stderr, exit status 1.
+The call, one JSON object on stdin: {"checkpoint", "graph", "path", "opset", "optimize", "precision",
+"parent"}. The worker loads the checkpoint, writes the graph (export.build_graph) and prints one JSON line:
+{"fusions", "quantization"}, or, for an error the user can fix, {"error": its class in twostep.errors,
+"message"} with exit status 1. Anything else is a bug: its traceback goes to stderr, exit status 1.
+
+A worker never outlives the export that started it (a killed `twostep export` must not leave a process writing
+into a directory the next run cleans up): on Linux the kernel kills it with its parent (export.die_with_parent),
+and everywhere a watchdog thread ends it once its parent process is gone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 from twostep.errors import TwostepError
 
 
+def watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)
+
+
 def main() -> int:
     call = json.loads(sys.stdin.read())
+    threading.Thread(target=watch, args=(call["parent"],), daemon=True).start()
     from twostep.exporter.export import build_graph
     from twostep.model.checkpoint import load_checkpoint
 

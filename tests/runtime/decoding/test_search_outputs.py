@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import hf_models
+from conftest import SCORE_ATOL
 from twostep.artifact import load_artifact
 from twostep.exporter.validate import compare_sessions
 from twostep.model.checkpoint import load_checkpoint
@@ -140,7 +141,8 @@ def test_sentences_joining_and_leaving_a_running_batch_decode_as_alone(demo_inpl
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_the_pretrained_families_decode_from_the_search_outputs_as_transformers_does(pretrained, beam):
-    """Forced language tokens (M2M100) and never-generated ids (Marian's pad) on the search outputs."""
+    """Forced language tokens (M2M100) and never-generated ids (Marian's pad) on the search outputs; beam
+    scores equal transformers' sequences_scores."""
     options = DecodeOptions(beam_size=beam, max_new_tokens=20, beam_stop="transformers")
     for kv_cache in ("inplace", "concat"):
         translator, backend = open_translator(pretrained.art, options=options, kv_cache=kv_cache)
@@ -153,6 +155,9 @@ def test_the_pretrained_families_decode_from_the_search_outputs_as_transformers_
         assert spy.asked and not any(spy.asked)
         want = pretrained.greedy if beam == 1 else pretrained.beam
         assert ([h[0].tokens for h in hyps], translator.best_texts(hyps)) == want
+        if beam > 1:  # forced rows' log_norm is 0 here: the forced token's log-probability is 0, as in transformers
+            scores = [h[0].score for h in hyps]
+            assert np.allclose(scores, pretrained.beam_scores, rtol=0, atol=SCORE_ATOL), scores
 
 
 def test_beam_candidates_from_the_search_outputs_equal_those_from_the_logits_ties_included():
