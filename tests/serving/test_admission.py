@@ -55,6 +55,9 @@ def test_each_limit_is_refused_at_its_boundary_through_the_python_api(demo_artif
                                                      "= 81, above the limit of 80 (max_request_work; twostep serve "
                                                      "--max-request-work)")):
             translator.submit_ids(eos * 81, DecodeOptions(max_new_tokens=1))
+        # the beam counts: 2 sentences of 14 new tokens are 28, below 80, but with a beam of 3 they are 84
+        with pytest.raises(TooLarge, match=re.escape("is 3 x 28 = 84, above the limit of 80")):
+            translator.submit_ids(ids * 2, DecodeOptions(beam_size=3, max_new_tokens=14))
         assert translator.queue_depth == 0
 
     rows = BatchLimits(max_batch_rows=3)  # below max_beam (16): a beam's rows decode in one batch
