@@ -107,3 +107,26 @@ def test_the_imported_model_computes_transformers_logits(pretrained):
             got = ckpt.model(src, mask, tgt)
         assert got.shape == want.shape
         assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), float((got - want).abs().max())
+
+
+STANDARD_CODES = {"marian": {"tgt_lang": "fr"}, "marian-separate": {},
+                  "m2m100": {"src_lang": "eng", "tgt_lang": "fra"},
+                  "nllb": {"src_lang": "en-US", "tgt_lang": "fr-FR"},
+                  "nllb-json": {"src_lang": "en", "tgt_lang": "fre"},
+                  "mbart50": {"src_lang": "en-GB", "tgt_lang": "fr"}}
+
+
+def test_standard_language_codes_mean_the_models_own(pretrained):
+    """ISO 639-1/639-3 codes and BCP-47 tags are resolved to each family's own codes (eng_Latn, en_XX, __fr__'s
+    fr, >>fra<<'s fra): the same source ids and forced tokens, and through the CLI the same translation."""
+    standard = STANDARD_CODES[pretrained.name]
+    translator, backend = open_translator(pretrained.art)
+    with backend:
+        assert translator.encode(SENTENCES, **standard) == translator.encode(SENTENCES, **pretrained.langs)
+        if "tgt_lang" in standard:
+            assert translator.prefix(standard["tgt_lang"]) == translator.prefix(pretrained.langs["tgt_lang"])
+    if pretrained.name == "nllb":
+        result = twostep("translate", pretrained.art, *SENTENCES, "--max-new-tokens", NEW_TOKENS, "--src-lang", "en",
+                         "--tgt-lang", "fr")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == pretrained.greedy[1]

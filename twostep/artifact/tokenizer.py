@@ -19,7 +19,9 @@
     drop_ids                     ids left out of decoded text (pad, eos, unk, language tokens)
     languages                    source: {code: ids before the source pieces}; target: {code: {source: ids before
                                  the source pieces, decoder: ids forced on the decoder after its start id}};
-                                 default_source, default_target: the codes used when a request names none
+                                 default_source, default_target: the codes used when a request names none;
+                                 a request may name a language by the model's code or a standard one
+                                 (standard_matches)
 
 A source sentence is languages.source[src] + languages.target[tgt].source + pieces + source_suffix; the decoder
 starts from the model's start id (model.decoder_start_id, else bos) followed by languages.target[tgt].decoder.
@@ -28,7 +30,7 @@ starts from the model's start id (model.decoder_start_id, else bos) followed by 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,45 @@ class MissingLanguage(BadInput):
         return f"this model needs a {self.side} language: {name} one of {', '.join(self.codes)}"
 
 
+# Two tags name the same language for langcodes below this distance (fr-FR and fr: 4, pt-PT and pt: 5, no and nb:
+# 1, ar and arb: 0); Moroccan Arabic against Arabic is 14. A script must also agree (sr-Latn is not sr-Cyrl: 5).
+SAME_LANGUAGE = 10
+
+
+def model_tag(code: str) -> str:
+    """A model's language code as a BCP-47 tag: NLLB's fra_Latn -> fr, mBART's fr_XX (XX: no region) -> fr,
+    Marian's fra -> fr, zho_Hant -> zh-Hant. ValueError where it is none."""
+    import langcodes
+
+    return langcodes.standardize_tag("-".join(p for p in code.replace("_", "-").split("-") if p != "XX"))
+
+
+def standard_matches(code: str, known: Iterable[str]) -> list[str]:
+    """The model codes (of `known`) that a standard code means: an ISO 639-1 or 639-3 code or a BCP-47 tag (fr,
+    fra, fre, fr-FR, zh-Hant, zh-TW), by langcodes: the same language (regions and macrolanguages aside) in the
+    same script, the nearest; several equally near are ambiguous, none is an unknown code."""
+    import langcodes
+
+    try:
+        wanted = langcodes.standardize_tag(code)
+        script = langcodes.Language.get(wanted).maximize().script
+    except ValueError:
+        return []
+    near = {}
+    for own in known:
+        try:
+            tag = model_tag(own)
+            if langcodes.Language.get(tag).maximize().script != script:
+                continue
+        except ValueError:
+            continue
+        distance = langcodes.tag_distance(wanted, tag)
+        if distance < SAME_LANGUAGE:
+            near[own] = distance
+    best = min(near.values(), default=None)
+    return sorted(own for own, distance in near.items() if distance == best)
+
+
 @dataclass(frozen=True)
 class TargetLanguage:
     source: Ids = ()  # before the source pieces (Marian's >>fra<<)
@@ -68,8 +109,9 @@ class Languages:
     default_target: str | None = None
 
     def pick(self, side: str, code: str | None) -> str | None:
-        """The code a request means on `side` ("source"/"target"): its own, else the default; a BadInput that
-        lists the valid codes when it is unknown, or missing where the model needs one. A model needs one where
+        """The code a request means on `side` ("source"/"target"): its own, or the model code a standard one
+        means (standard_matches), else the default; a BadInput that lists the valid codes when it is unknown,
+        names the candidates when ambiguous, or says it is missing where the model needs one. A model needs one where
         its languages have source tokens, or decoder tokens to force; Marian's target-language tokens go into the
         source, where its users may also type them (">>fra<< text"), so they may be left out."""
         known = self.source if side == "source" else self.target
@@ -80,6 +122,12 @@ class Languages:
                 raise MissingLanguage(side, known)
             return None
         if code not in known:
+            matches = standard_matches(code, known)
+            if len(matches) == 1:
+                return matches[0]
+            if matches:
+                raise BadInput(f"ambiguous {side} language {code!r}: it may be {' or '.join(matches)}; name one of "
+                               "them")
             have = f"this model has {', '.join(sorted(known))}" if known else f"this model has no {side} languages"
             raise BadInput(f"unknown {side} language {code!r}: {have}")
         return code
