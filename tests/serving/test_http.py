@@ -217,6 +217,19 @@ def test_pretrained_families_translate_per_request_languages_as_transformers_doe
             answers = list(pool.map(ask, [langs for langs, _ in requests]))
         for (_, want), got in zip(requests, answers):
             assert got == want
+        # GET /v1/languages: the model's codes, each with its standard tag and English name
+        listed = httpx.get(f"{url}/v1/languages", timeout=30)
+        assert listed.status_code == 200, listed.text
+        src, tgt = pretrained.langs.get("src_lang"), pretrained.langs.get("tgt_lang")
+        targets = {t["code"]: t for t in listed.json()["target"]}
+        assert (tgt in targets and targets[tgt]["tag"] == "fr" and targets[tgt]["name"] == "French") if tgt else \
+            targets == {}
+        sources = {s["code"]: s for s in listed.json()["source"]}
+        assert (sources[src]["name"] == "English" and tgt in sources[src]["targets"]) if src else sources == {}
+        if tgt:  # standard codes in a request: the same translation
+            standard = {"tgt_lang": "fr-FR", **({"src_lang": "en-US"} if src else {})}
+            r = post(url, {"text": hf_models.TEST_SENTENCES[:1], "max_new_tokens": NEW_TOKENS, **standard})
+            assert r.status_code == 200 and r.json()["translations"][0][0]["text"] == pretrained.greedy[1][0], r.text
         bad = post(url, {"text": ["hello"], "tgt_lang": "xx", **({"src_lang": pretrained.langs["src_lang"]} if
                                                                   "src_lang" in pretrained.langs else {})})
         assert bad.status_code == 400 and "unknown target language 'xx'" in bad.json()["error"]

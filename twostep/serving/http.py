@@ -46,7 +46,7 @@ from prometheus_client import (
 from pydantic import BaseModel, ConfigDict, Field
 from uvicorn.config import STARTUP_FAILURE
 
-from twostep.artifact.tokenizer import MissingLanguage
+from twostep.artifact.tokenizer import Languages, MissingLanguage, model_tag
 from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
 from twostep.runtime.decoding import DecodeOptions
 from twostep.serving.engine import Metrics
@@ -190,6 +190,31 @@ def error(status: int, message: str, **headers) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
+def described(code: str) -> dict:
+    """A model's language code with its standard BCP-47 tag and English name (None where it has none)."""
+    import langcodes
+
+    try:
+        tag = model_tag(code)
+        name = langcodes.Language.get(tag).display_name()
+    except (ValueError, LookupError, ImportError):  # not a tag; or the names' package (language-data) is missing
+        return {"code": code, "tag": None, "name": None}
+    return {"code": code, "tag": tag, "name": name}
+
+
+def language_list(languages: Languages | None) -> dict:
+    """GET /v1/languages: the codes the model takes (a request may also name them by a standard code, see
+    twostep.artifact.tokenizer.standard_matches), each source with the targets it translates to. A model without
+    source codes takes its source text as it is; one without target codes (a bilingual Marian) translates to its
+    one language."""
+    if languages is None:
+        return {"source": [], "target": [], "default_source": None, "default_target": None}
+    targets = sorted(languages.target)
+    return {"source": [{**described(code), "targets": targets} for code in sorted(languages.source)],
+            "target": [described(code) for code in targets],
+            "default_source": languages.default_source, "default_target": languages.default_target}
+
+
 def build_app(config: ServeConfig) -> FastAPI:
     disable_created_metrics()
     registry = CollectorRegistry()
@@ -295,6 +320,14 @@ def build_app(config: ServeConfig) -> FastAPI:
         decode = translator.tokenizer.decode
         return JSONResponse({"translations": [[{"text": decode(h.tokens), "tokens": h.tokens, "score": h.score}
                                                for h in hyps] for hyps in results]})
+
+    @app.get("/v1/languages")
+    async def languages():
+        if not state.get("ready"):
+            return error(503, "not ready: the model is loading or the server is shutting down",
+                         **{"Retry-After": str(config.retry_after_s)})
+        tokenizer = state["translator"].tokenizer
+        return language_list(tokenizer.spec.languages if tokenizer else None)
 
     @app.get("/healthz")
     async def healthz():
