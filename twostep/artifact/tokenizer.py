@@ -30,6 +30,7 @@ starts from the model's start id (model.decoder_start_id, else bos) followed by 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,14 +73,20 @@ def model_tag(code: str) -> str:
 def standard_matches(code: str, known: Iterable[str]) -> list[str]:
     """The model codes (of `known`) that a standard code means: an ISO 639-1 or 639-3 code or a BCP-47 tag (fr,
     fra, fre, fr-FR, zh-Hant, zh-TW), by langcodes: the same language (regions and macrolanguages aside) in the
-    same script, the nearest; several equally near are ambiguous, none is an unknown code."""
+    same script, the nearest; several equally near are ambiguous, none is an unknown code. Remembered: every
+    sentence of a request asks again (0.45 ms against NLLB's 202 codes)."""
+    return list(_standard_matches(code, tuple(sorted(known))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _standard_matches(code: str, known: tuple[str, ...]) -> tuple[str, ...]:
     import langcodes
 
     try:
         wanted = langcodes.standardize_tag(code)
         script = langcodes.Language.get(wanted).maximize().script
     except ValueError:
-        return []
+        return ()
     near = {}
     for own in known:
         try:
@@ -92,7 +99,7 @@ def standard_matches(code: str, known: Iterable[str]) -> list[str]:
         if distance < SAME_LANGUAGE:
             near[own] = distance
     best = min(near.values(), default=None)
-    return sorted(own for own, distance in near.items() if distance == best)
+    return tuple(sorted(own for own, distance in near.items() if distance == best))
 
 
 @dataclass(frozen=True)

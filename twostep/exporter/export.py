@@ -120,14 +120,6 @@ def default_jobs(graphs: int, parameter_bytes: int) -> int:
     return max(1, jobs)
 
 
-def die_with_parent() -> None:
-    """In a worker process about to start (Linux): the kernel sends it SIGKILL when this process dies."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo], tmp: Path, opset: int,
                  optimize: bool, precision: str, jobs: int) -> list[tuple[dict | None, dict | None]]:
     """build_graph for each graph: `jobs - 1` worker processes (twostep.exporter.worker, which load the
@@ -143,8 +135,7 @@ def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo]
                     "optimize": optimize, "precision": precision, "parent": os.getpid()}
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
             process = subprocess.Popen([sys.executable, "-m", "twostep.exporter.worker"], stdin=subprocess.PIPE,
-                                       stdout=out, stderr=err, text=True,
-                                       preexec_fn=die_with_parent if sys.platform == "linux" else None)
+                                       stdout=out, stderr=err, text=True)
             process.stdin.write(json.dumps(call))
             process.stdin.close()
             workers[info.name] = process, out, err

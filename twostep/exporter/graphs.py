@@ -38,8 +38,8 @@ def example_inputs(model: Transformer, graph: str) -> tuple:
 
 def dynamic_shapes(spec: GraphSpec, graph: str, max_positions: int) -> tuple:
     """torch.export dims from the spec's symbolic axis names (composite output axes are derived). Lengths are
-    bounded by the position table (the encoder reads src_len rows of it): without the bound torch.export
-    refuses the first capture and torch.onnx.export captures the graph a second time with refined shapes."""
+    bounded by the position table, which the encoder reads src_len rows of: torch.export refuses an unbounded
+    src_len."""
     dims = {name: Dim(name, min=0 if name == "past_len" else 1, max=None if name == "batch" else max_positions)
             for name in TRACE_SIZES}
 
@@ -71,8 +71,8 @@ def trace(module: torch.nn.Module, inputs: tuple, shapes: tuple, spec: GraphSpec
         program = torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
         torch.onnx.export(
             program, inputs, str(path), dynamo=True, external_data=False, dynamic_shapes=shapes,
-            input_names=spec.input_names,
-            output_names=spec.output_names, opset_version=opset, optimize=True, verbose=False, **options,
+            input_names=spec.input_names, output_names=spec.output_names, opset_version=opset, optimize=True,
+            verbose=False, **options,
         )
 
 

@@ -8,8 +8,8 @@ The call, one JSON object on stdin: {"checkpoint", "graph", "path", "opset", "op
 "message"} with exit status 1. Anything else is a bug: its traceback goes to stderr, exit status 1.
 
 A worker never outlives the export that started it (a killed `twostep export` must not leave a process writing
-into a directory the next run cleans up): on Linux the kernel kills it with its parent (export.die_with_parent),
-and everywhere a watchdog thread ends it once its parent process is gone.
+into a directory the next run cleans up): a watchdog thread ends it within 0.2 s of its parent's death. (Not
+PR_SET_PDEATHSIG through Popen's preexec_fn, which is unsafe in a parent with threads, as the CLI's spinner.)
 """
 
 from __future__ import annotations
