@@ -57,8 +57,8 @@ def test_translate_and_protected_metrics_need_a_key_that_never_reaches_the_log(d
         assert httpx.get(f"{url}/readyz").status_code == 200
         metrics = httpx.get(f"{url}/metrics", headers=bearer(KEYS[1]))
         assert metrics.status_code == 200
-        assert f'twostep_requests_total{{status="401"}} {len(refusals) + 1}.0' in metrics.text
-        assert 'twostep_requests_total{status="200"} 3.0' in metrics.text
+        assert f'twostep_requests_total{{api="v1",status="401"}} {len(refusals) + 1}.0' in metrics.text
+        assert 'twostep_requests_total{api="v1",status="200"} 3.0' in metrics.text
     log = "".join(proc.log)
     assert "POST /v1/translate 401" in log and "POST /v1/translate 200" in log and "GET /metrics 401" in log
     assert_no_key_in(log)

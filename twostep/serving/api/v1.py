@@ -1,0 +1,125 @@
+"""twostep's own API:
+
+    POST /v1/translate   {"text": [...]} or {"ids": [[...], ...]}, with decoding options -> hypotheses
+    GET  /v1/languages   the model's language codes, their standard tags and names, each source's targets
+
+Bad JSON or fields: 400 {"error": ...}; too many sentences or characters, or too much work: 413; queue full or
+shutting down: 503 with Retry-After; a client gone before its answer: its rows leave the batch (499 logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from twostep.artifact.tokenizer import Languages, MissingLanguage
+from twostep.errors import TwostepError
+from twostep.runtime.decoding import DecodeOptions
+from twostep.serving.service import V1_REFUSED, NotReady, Service, described, error, until_disconnected
+
+
+class TranslateRequest(BaseModel):
+    """Sentences as text, or as token ids (each ending with eos), and how to decode them."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Optional[list[str]] = Field(None, description="Sentences to translate.")
+    ids: Optional[list[list[int]]] = Field(None, description="Token ids instead of text, each ending with eos.")
+    beam: int = Field(1, description="Beam size; 1 is greedy.")
+    n_best: int = 1
+    length_penalty: float = 1.0
+    max_new_tokens: Optional[int] = Field(None, description="Default: 2 x source length + 16.")
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    suppress_eos: bool = Field(False, description="Never end at eos: max_new_tokens tokens each (benchmarks).")
+    beam_stop: str = Field("n_best", description="Beam search's stopping rule: n_best, or transformers (as its "
+                           "generate() stops: keeps beam finished hypotheses).")
+    src_lang: Optional[str] = Field(None, description="Source language: the model's code (M2M100: en; NLLB: "
+                                    "eng_Latn; mBART-50: en_XX) or a standard one (en, eng, en-US).")
+    tgt_lang: Optional[str] = Field(None, description="Target language: the model's code (M2M100: fr; NLLB: "
+                                    "fra_Latn; mBART-50: fr_XX; Marian: fra for >>fra<<) or a standard one (fr, "
+                                    "fra, fr-FR).")
+
+    def options(self) -> DecodeOptions:
+        return DecodeOptions(beam_size=self.beam, n_best=self.n_best, length_penalty=self.length_penalty,
+                             max_new_tokens=self.max_new_tokens, sampling=self.sampling, temperature=self.temperature,
+                             top_k=self.top_k, top_p=self.top_p, seed=self.seed, suppress_eos=self.suppress_eos,
+                             beam_stop=self.beam_stop)
+
+
+class Hypothesis(BaseModel):
+    text: Optional[str] = Field(None, description="Absent for requests sent as ids.")
+    tokens: list[int]
+    score: float
+
+
+class TranslateResponse(BaseModel):
+    translations: list[list[Hypothesis]] = Field(description="Per sentence, in request order: n_best hypotheses.")
+
+
+def language_list(languages: Languages | None) -> dict:
+    """GET /v1/languages: the codes the model takes (a request may also name them by a standard code, see
+    twostep.artifact.tokenizer.standard_matches), each source with the targets it translates to. A model without
+    source codes takes its source text as it is; one without target codes (a bilingual Marian) translates to its
+    one language."""
+    if languages is None:
+        return {"source": [], "target": [], "default_source": None, "default_target": None}
+    targets = sorted(languages.target)
+    return {"source": [{**described(code), "targets": targets} for code in sorted(languages.source)],
+            "target": [described(code) for code in targets],
+            "default_source": languages.default_source, "default_target": languages.default_target}
+
+
+def router(service: Service) -> APIRouter:
+    routes = APIRouter(prefix="/v1", tags=["twostep"])
+
+    @routes.post("/translate", response_model=TranslateResponse,
+                 responses={400: {"description": "Bad JSON, fields or input"}, 413: {"description": "Too large"},
+                            503: {"description": "Queue full or shutting down; see Retry-After"}})
+    async def translate(body: TranslateRequest, request: Request):
+        if (body.text is None) == (body.ids is None):
+            return error(400, "bad request: give either text or ids")
+        try:
+            translator = service.running()
+            options = body.options()
+            if body.text is not None:
+                service.check_size(body.text)
+                service.check_sentences(len(body.text))
+                sources = translator.encode(body.text, body.src_lang, body.tgt_lang)
+            else:
+                service.check_size(body.ids, "token ids")
+                sources = body.ids
+            future = service.submit(sources, options, body.tgt_lang)
+        except MissingLanguage as exc:  # named as the request's field, not the CLI's option
+            return error(400, exc.worded(MissingLanguage.FIELDS[exc.side]))
+        except TwostepError as exc:
+            return V1_REFUSED.response(service, exc)
+        try:
+            results = await until_disconnected(asyncio.wrap_future(future), request)
+        except TwostepError as exc:  # raised while decoding: an engine profile's limit, say
+            return error(400, str(exc))
+        if results is None:  # the client went away; its rows were dropped
+            return Response(status_code=499)
+        # TranslateResponse's shape, built as plain JSON: validating our own output per request buys nothing
+        if body.text is None:
+            return JSONResponse({"translations": [[{"tokens": h.tokens, "score": h.score} for h in hyps]
+                                                  for hyps in results]})
+        decode = translator.tokenizer.decode
+        return JSONResponse({"translations": [[{"text": decode(h.tokens), "tokens": h.tokens, "score": h.score}
+                                               for h in hyps] for hyps in results]})
+
+    @routes.get("/languages")
+    async def languages():
+        try:
+            tokenizer = service.running().tokenizer
+        except NotReady as exc:
+            return V1_REFUSED.response(service, exc)
+        return language_list(tokenizer.spec.languages if tokenizer else None)
+
+    return routes

@@ -1,0 +1,126 @@
+"""The middleware every API of `twostep serve` shares, each plain ASGI (Starlette's BaseHTTPMiddleware costs a
+task and a stream per request, and reads bodies it need not): one log line per request (RequestLog), each
+translation API's request count and latency (RequestMetrics), `Connection: close` while draining (Drain), and
+API keys (RequireKey, `known_key`)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+log = logging.getLogger("twostep.serving")
+
+
+def routed_path(scope) -> str:
+    """The path as routed: under Ray Serve the app runs below a prefix (root_path)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+class RequestLog:
+    """One log line per HTTP request: method, path, status, milliseconds."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            log.info("%s %s %d %.1f ms", scope["method"], scope["path"], status[0],
+                     1000 * (time.perf_counter() - started))
+
+
+class RequestMetrics:
+    """Each translation API's requests by status and their latency (to the end of the body: a stream's last
+    event), for the paths of `apis` (path -> the API's label); 499 for a client that went away first. `counter`
+    and `histogram` are labelled (api, status) and (api,)."""
+
+    def __init__(self, app, apis: Mapping[str, str], counter, histogram):
+        self.app, self.apis, self.counter, self.histogram = app, apis, counter, histogram
+
+    async def __call__(self, scope, receive, send):
+        api = self.apis.get(routed_path(scope)) if scope["type"] == "http" else None
+        if api is None:
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [499]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.counter.labels(api, str(status[0])).inc()
+            self.histogram.labels(api).observe(time.perf_counter() - started)
+
+
+class Drain:
+    """While `draining()`, every response says `Connection: close`: a client (or load balancer) that keeps its
+    connection open reconnects elsewhere."""
+
+    def __init__(self, app, draining: Callable[[], bool]):
+        self.app, self.draining = app, draining
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def sending(message):
+            if message["type"] == "http.response.start" and self.draining():
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
+def known_key(digests: tuple[bytes, ...], key: bytes) -> bool:
+    """Whether `key` is one of the server's keys (given as SHA-256 digests). The digest of the key sent is
+    compared with every key's, each in constant time and with no early exit: the time taken tells neither
+    whether nor which key matched."""
+    digest = hashlib.sha256(key.strip()).digest()
+    matches = [hmac.compare_digest(digest, known) for known in digests]  # all of them, always
+    return any(matches)
+
+
+def bearer_key(scope) -> bytes | None:
+    """The key of an `Authorization: Bearer KEY` header, else None."""
+    scheme, _, key = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
+    return key if scheme.lower() == b"bearer" and key.strip() else None
+
+
+class RequireKey:
+    """401 (with `WWW-Authenticate: Bearer`) for a request without `Authorization: Bearer KEY` of one of the
+    server's keys, on every path but `open_paths` (an API that takes its key elsewhere, as LibreTranslate's
+    `api_key` field, checks it itself with `known_key`); no body is read first."""
+
+    def __init__(self, app, digests: tuple[bytes, ...], open_paths: set[str]):
+        self.app, self.digests, self.open_paths = app, digests, open_paths
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = routed_path(scope)
+        key = bearer_key(scope)
+        if path in self.open_paths or (key is not None and known_key(self.digests, key)):
+            return await self.app(scope, receive, send)
+        from twostep.serving.service import error
+
+        response = error(401, "unauthorized: send the header Authorization: Bearer KEY, with a key of this server",
+                         **{"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)

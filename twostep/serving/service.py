@@ -1,0 +1,250 @@
+"""What every HTTP API of `twostep serve` shares: the one BatchingTranslator, its metrics, its admission limits.
+
+Each API is a router module (twostep.serving.api) over one `Service`: it parses its own requests, asks the
+service to check and queue their sentences (`submit`), and words the service's refusals in its own way
+(`Refused`: a status per kind of error, in the API's error shape). The service is opened and closed by the
+app's lifespan (`Service.lifespan`), so the same app runs under uvicorn and as a Ray Serve ingress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from twostep.artifact.tokenizer import model_tag
+from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
+from twostep.runtime.decoding import DecodeOptions
+from twostep.serving.engine import Metrics
+from twostep.serving.executor import BatchingTranslator, batching_advice, open_batching_translator
+from twostep.serving.limits import BatchLimits
+
+log = logging.getLogger("twostep.serving")
+API_KEYS_ENV = "TWOSTEP_API_KEYS"  # keys separated by commas, beside or instead of a key file
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What a server (or each Ray Serve replica) opens: picklable, so it travels to replicas."""
+
+    model_dir: str
+    backend: Optional[str] = None
+    threads: Optional[int] = None
+    limits: BatchLimits = field(default_factory=BatchLimits)
+    max_sentences: int = 64  # per request, after documents are split into sentences
+    max_chars: int = 20_000  # per request, all texts together
+    retry_after_s: int = 1
+    api_key_digests: tuple[bytes, ...] = field(default=(), repr=False)  # read_api_keys'; () is an open server
+    protect_metrics: bool = False  # /metrics needs a key too
+
+    def __post_init__(self):
+        if self.protect_metrics and not self.api_key_digests:
+            raise TwostepError(f"protecting /metrics needs API keys: give a key file (--api-key-file, api_key_file=) "
+                               f"or set {API_KEYS_ENV}")
+
+
+def read_api_keys(path: Optional[Path] = None) -> tuple[bytes, ...]:
+    """The SHA-256 digests of the API keys in `path` (one a line; blank lines and # comments ignored) and in
+    the environment variable TWOSTEP_API_KEYS (separated by commas); () when neither is given: an open server.
+    Digests, not keys, go into ServeConfig, which travels to Ray replicas. A file or variable that is given but
+    holds no key is an error, not an open server. No message quotes the file's text."""
+    keys = []
+    if path is not None:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise TwostepError(f"API key file {path}: {exc.strerror or exc}; give a readable file, "
+                               "one key a line") from None
+        except UnicodeDecodeError:
+            raise TwostepError(f"API key file {path} is not UTF-8 text; give one key a line") from None
+        found = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        if not found:
+            raise TwostepError(f"API key file {path} holds no key; give one key a line (blank lines and # comments "
+                               "are ignored)")
+        keys += found
+    value = os.environ.get(API_KEYS_ENV)
+    if value is not None:
+        found = [key.strip() for key in value.split(",") if key.strip()]
+        if not found:
+            raise TwostepError(f"{API_KEYS_ENV} is set but holds no key; give keys separated by commas, or unset it")
+        keys += found
+    return tuple(hashlib.sha256(key.encode()).digest() for key in keys)
+
+
+class NotReady(TwostepError):
+    """The model is loading, or the server is shutting down: retry (elsewhere)."""
+
+
+class PrometheusMetrics(Metrics):
+    """The server's metrics: the engine's (Metrics) and each translation API's requests (RequestMetrics)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.requests = Counter("twostep_requests", "HTTP requests to a translation endpoint (api: v1 for "
+                                "/v1/translate, libretranslate for /translate), by status.", ["api", "status"],
+                                registry=registry)
+        self.latency = Histogram("twostep_request_latency_seconds", "Time to answer a translation request (a "
+                                 "stream: until its last event).", ["api"],
+                                 buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30), registry=registry)
+        self.first_event = Histogram("twostep_stream_first_event_seconds", "Time to a stream's first event.",
+                                     buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30), registry=registry)
+        self.batch_rows = Histogram("twostep_batch_rows", "Rows (sentences x beam) of each decode batch.",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=registry)
+        self.batch_sentences = Counter("twostep_batch_sentences", "Sentences put into decode batches.",
+                                       registry=registry)
+        self.batches = Counter("twostep_batches", "Decode batches started.", registry=registry)
+        self.joined_sentences = Counter("twostep_joined_sentences", "Sentences that joined a running batch.",
+                                        registry=registry)
+        self.steps = Counter("twostep_decoder_steps", "Decoder steps run.", registry=registry)
+        self.step_rows = Counter("twostep_decoder_step_rows", "Rows of sentences (sentences x beam) summed over "
+                                 "decoder steps: divided by twostep_decoder_steps_total, the mean batch per step.",
+                                 registry=registry)
+        self.express_steps = Counter("twostep_express_steps", "Decoder steps of the express lane's batch (counted "
+                                     "in twostep_decoder_steps_total too).", registry=registry)
+        self.tokens = Counter("twostep_generated_tokens", "Tokens generated (best hypothesis of each sentence).",
+                              registry=registry)
+        self.queue = Gauge("twostep_queue_depth", "Sentences waiting for a batch.", registry=registry)
+
+    def batch(self, sentences: int, rows: int) -> None:
+        self.batches.inc()
+        self.batch_sentences.inc(sentences)
+        self.batch_rows.observe(rows)
+
+    def joined(self, sentences: int, rows: int) -> None:
+        self.joined_sentences.inc(sentences)
+
+    def step(self, rows: int, express: bool = False) -> None:
+        self.steps.inc()
+        self.step_rows.inc(rows)
+        if express:
+            self.express_steps.inc()
+
+    def generated(self, tokens: int) -> None:
+        self.tokens.inc(tokens)
+
+
+class Service:
+    """The one BatchingTranslator behind every API, opened by `lifespan`; `ready` while it takes requests,
+    `draining` once `serve` has had SIGTERM (readiness fails, requests are still answered)."""
+
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.registry = CollectorRegistry()
+        self.metrics = PrometheusMetrics(self.registry)
+        self.translator: BatchingTranslator | None = None
+        self.backend = None
+        self.ready = False
+        self.draining = False
+
+    @asynccontextmanager
+    async def lifespan(self, app):
+        config = self.config
+        translator, backend = open_batching_translator(Path(config.model_dir), config.backend, limits=config.limits,
+                                                       metrics=self.metrics, **({"threads": config.threads}
+                                                                                if config.threads else {}))
+        self.metrics.queue.set_function(lambda: translator.queue_depth)
+        self.translator, self.backend, self.ready = translator, backend, True
+        log.info("serving %s on %s, decoding with its %s graph (%s)", config.model_dir, backend.name, backend.decoder,
+                 asdict(config.limits))
+        advice = batching_advice(backend, config.limits)
+        if advice:
+            log.warning(advice)
+        try:
+            yield
+        finally:
+            self.ready = False
+            await asyncio.to_thread(translator.close)  # queued and running sentences finish first
+            backend.close()
+            log.info("stopped")
+
+    @property
+    def retry_after(self) -> dict[str, str]:
+        return {"Retry-After": str(self.config.retry_after_s)}
+
+    def running(self) -> BatchingTranslator:
+        """The translator, or NotReady while the model loads or once the server is shutting down."""
+        if not self.ready:
+            raise NotReady("not ready: the model is loading or the server is shutting down")
+        return self.translator
+
+    def check_size(self, texts: Sequence, unit: str = "characters") -> None:
+        """A request's size against max_chars (characters of all its texts, or token ids): TooLarge beyond."""
+        size = sum(map(len, texts))
+        if size > self.config.max_chars:
+            raise TooLarge(f"{size} {unit} in one request; at most {self.config.max_chars}")
+
+    def check_sentences(self, count: int) -> None:
+        """A request's sentences (after documents are split) against max_sentences: TooLarge beyond."""
+        if count > self.config.max_sentences:
+            raise TooLarge(f"{count} sentences in one request; at most {self.config.max_sentences}")
+
+    def encode(self, texts: Sequence[str], src_lang: str | None, tgt_lang: str | None,
+               split: bool = True) -> tuple[list[list[int]], Callable[[list], list]]:
+        """Texts to the source ids of their sentences, checked against the admission limits (max_chars before,
+        max_sentences after splitting), and `join`: the sentences' translations (or hypotheses) back to one per
+        text. `split`: each text a document, split into sentences; else each text one sentence."""
+        translator = self.running()
+        self.check_size(texts)
+        self.check_sentences(len(texts))
+        return translator.encode(texts, src_lang, tgt_lang), list
+
+    def submit(self, sources: Sequence[Sequence[int]], options: DecodeOptions,
+               tgt_lang: str | None = None) -> Future:
+        """Queue checked token ids (BatchingTranslator.submit_ids): BadInput, TooLarge or Overloaded else."""
+        self.check_sentences(len(sources))
+        return self.running().submit_ids(sources, options, tgt_lang)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """How an API words the service's refusals: a status for each kind of error (the first that the error is
+    an instance of), and the error's message in a JSON body {"error": ...}; Retry-After with 503 and 429."""
+
+    statuses: Mapping[type, int]
+
+    def status(self, exc: TwostepError) -> int:
+        return next((status for kind, status in self.statuses.items() if isinstance(exc, kind)), 400)
+
+    def response(self, service: Service, exc: TwostepError, message: str | None = None):
+        status = self.status(exc)
+        return error(status, message or str(exc), **(service.retry_after if status in (429, 503) else {}))
+
+
+V1_REFUSED = Refused({NotReady: 503, Overloaded: 503, TooLarge: 413, BadInput: 400, TwostepError: 400})
+
+
+def error(status: int, message: str, **headers):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+
+async def until_disconnected(pending: asyncio.Future, request, poll_s: float = 0.05):
+    """The result of `pending`, or None (and `pending` cancelled) once the client has disconnected."""
+    while True:
+        done, _ = await asyncio.wait({pending}, timeout=poll_s)
+        if done:
+            return pending.result()
+        if await request.is_disconnected():
+            pending.cancel()
+            return None
+
+
+def described(code: str) -> dict:
+    """A model's language code with its standard BCP-47 tag and English name (None where it has none)."""
+    import langcodes
+
+    try:
+        tag = model_tag(code)
+        name = langcodes.Language.get(tag).display_name()
+    except (ValueError, LookupError, ImportError):  # not a tag; or the names' package (language-data) is missing
+        return {"code": code, "tag": None, "name": None}
+    return {"code": code, "tag": tag, "name": name}
