@@ -124,7 +124,7 @@ def router(service: Service) -> APIRouter:
         q = body.get("q")
         one = isinstance(q, str)
         texts = [q] if one else q
-        if not texts or not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        if not q or not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise BadInput("Invalid request: missing q parameter (a text, or a list of texts)")
         source, target = language(body.get("source"), "source"), language(body.get("target"), "target")
         markup = body.get("format") or "text"

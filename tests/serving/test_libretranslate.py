@@ -1,0 +1,115 @@
+"""LibreTranslate's API on a real `twostep serve`, driven by LibreTranslate's own Python client (libretranslatepy)
+and by plain httpx for what that client does not send (lists, html, alternatives, JSON)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serving tests need httpx (pip install -e '.[dev]')")
+pytest.importorskip("fastapi", reason="serving needs its extra (pip install -e '.[serve]')")
+libretranslatepy = pytest.importorskip("libretranslatepy", reason="LibreTranslate's client (pip install -e '.[dev]')")
+
+from serving_helpers import post, server  # noqa: E402
+from twostep.runtime.decoding import DecodeOptions  # noqa: E402
+from twostep.runtime.translator import open_translator  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+KEY = "lt-k3y-0b6d2e"
+SENTENCES = ["three hundred and forty-two", "nineteen thousand, eight hundred and seven", "six"]
+
+
+@pytest.fixture(scope="module")
+def demo_server(demo_artifact):
+    with server(demo_artifact, "--max-sentences", 16) as (url, proc):
+        yield url, proc
+
+
+@pytest.fixture(scope="module")
+def reference(demo_artifact):
+    translator, backend = open_translator(demo_artifact, options=DecodeOptions(beam_size=3, n_best=3))
+    with backend:
+        return {"greedy": translator.translate(SENTENCES, DecodeOptions()), "nbest": translator.translate_nbest(SENTENCES)}
+
+
+def refusal(call) -> tuple[int, str]:
+    """The status and LibreTranslate error message of a call the client sees fail."""
+    with pytest.raises(urllib.error.HTTPError) as failed:
+        call()
+    return failed.value.code, json.loads(failed.value.read())["error"]
+
+
+def lt(url: str, **body) -> httpx.Response:
+    return httpx.post(f"{url}/translate", json=body, timeout=60)
+
+
+def test_libretranslate_client_translates_as_the_python_runtime(demo_server, reference):
+    url, proc = demo_server
+    client = libretranslatepy.LibreTranslateAPI(url)
+    # the demo model names no languages: it translates its one pair whatever the codes say
+    assert [client.translate(s, "en", "de") for s in SENTENCES] == reference["greedy"]
+    assert client.languages() == []
+    listed = httpx.get(f"{url}/metrics").text
+    assert f'twostep_requests_total{{api="libretranslate",status="200"}} {len(SENTENCES)}.0' in listed
+
+
+def test_lists_alternatives_and_json(demo_server, reference):
+    url, _ = demo_server
+    r = lt(url, q=SENTENCES, source="en", target="de")
+    assert r.status_code == 200 and r.json() == {"translatedText": reference["greedy"]}, r.text
+    r = lt(url, q=SENTENCES[0], source="en", target="de", alternatives=2)
+    assert r.status_code == 200, r.text
+    best, *others = [text for text, _ in reference["nbest"][0]]
+    assert r.json()["translatedText"] == best
+    assert r.json()["alternatives"] == [t for t in others if t != best]
+    form = httpx.post(f"{url}/translate", data={"q": SENTENCES[1], "source": "en", "target": "de",
+                                                "alternatives": "2"}, timeout=60)
+    assert form.status_code == 200 and form.json()["translatedText"] == reference["nbest"][1][0][0], form.text
+
+
+def test_html_keeps_its_tags_and_translates_its_text(demo_server, reference):
+    url, _ = demo_server
+    page = f'<p class="n">{SENTENCES[0]}</p>\n<ul><li><b>{SENTENCES[2]}</b><li>{SENTENCES[1]}</ul><!-- {SENTENCES[2]} -->'
+    r = lt(url, q=page, source="en", target="de", format="html")
+    assert r.status_code == 200, r.text
+    a, b, c = reference["greedy"]
+    assert r.json()["translatedText"] == f'<p class="n">{a}</p>\n<ul><li><b>{c}</b><li>{b}</ul><!-- {SENTENCES[2]} -->'
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"q": "<p><b>six</p>", "format": "html"}, 400, "<b> at line 1, column 4 is not closed before </p>"),
+    ({"q": "six</i>", "format": "html"}, 400, "</i> at line 1, column 4 closes no open tag"),
+    ({"q": "six", "format": "markdown"}, 400, "markdown format is not supported"),
+    ({"q": ""}, 400, "missing q parameter"),
+    ({"q": "six", "source": ""}, 400, "missing source parameter"),
+    ({"q": "six", "alternatives": "many"}, 400, "alternatives parameter is not a number"),
+    ({"q": "six", "alternatives": 40}, 400, "beam size 41 is above the limit"),
+    ({"q": ["six"] * 17}, 400, "17 sentences in one request; at most 16"),
+    ({"q": "six " * 6000}, 400, "characters in one request; at most 20000"),
+])
+def test_bad_requests_get_libretranslates_error_shape(demo_server, body, status, message):
+    url, _ = demo_server
+    r = lt(url, **{"source": "en", "target": "de", **body})
+    assert r.status_code == status, r.text
+    assert set(r.json()) == {"error"} and message in r.json()["error"], r.text
+    assert lt(url, q="six", source="en", target="de").status_code == 200  # nothing else disturbed
+
+
+def test_api_key_in_the_body_or_the_header(demo_artifact, reference):
+    with server(demo_artifact, env={"TWOSTEP_API_KEYS": KEY}) as (url, proc):
+        keyed = libretranslatepy.LibreTranslateAPI(url, api_key=KEY)
+        assert keyed.translate(SENTENCES[0], "en", "de") == reference["greedy"][0]
+        assert keyed.languages() == []
+        status, message = refusal(lambda: libretranslatepy.LibreTranslateAPI(url).translate(SENTENCES[0], "en", "de"))
+        assert status == 400 and "this server needs an API key" in message
+        status, message = refusal(lambda: libretranslatepy.LibreTranslateAPI(url, "wrong").translate("six", "en", "de"))
+        assert (status, message) == (403, "Invalid API key")
+        assert libretranslatepy.LibreTranslateAPI(url).languages() == []  # open, as LibreTranslate's
+        r = httpx.post(f"{url}/translate", json={"q": "six", "source": "en", "target": "de"},
+                       headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert post(url, {"text": ["six"]}).status_code == 401  # /v1 still takes the header only
+    assert KEY not in "".join(proc.log)
