@@ -64,10 +64,10 @@ def test_a_line_break_ends_a_sentence_even_without_punctuation():
 
 
 def test_a_long_sentence_is_cut_at_clause_punctuation_before_whitespace():
-    sentence = "one two three four five six, seven eight nine ten eleven twelve"
-    assert cut(sentence) == (28, 29)  # after the comma, its space the gap
+    sentence = "one two three four, five six seven eight nine ten eleven"
+    assert cut(sentence) == (19, 20)  # after the comma (the middle is at 28), its space the gap
     sentences, plan = split_documents([sentence], "en", characters, 40)
-    assert sentences == ["one two three four five six,", "seven eight nine ten eleven twelve"]
+    assert sentences == ["one two three four,", "five six seven eight nine ten eleven"]
     # no clause punctuation near the middle: the whitespace nearest it
     assert split_documents(["aa bb, cc dd ee ff gg hh ii jj kk"], "en", characters, 20)[0] == [
         "aa bb, cc dd ee", "ff gg hh ii jj kk"]
@@ -79,8 +79,8 @@ def test_text_without_whitespace_is_cut_between_characters_and_clause_marks_come
     sentences, plan = split_documents([text], "zh", characters, 6)
     assert all(len(s) <= 6 for s in sentences) and len(sentences) > 1
     assert "".join(sentences) == text and plan.join(sentences) == [text]
-    clause = "今天天气很好，我们去公园散步。"
-    assert split_documents([clause], "zh", characters, 10)[0] == ["今天天气很好，", "我们去公园散步。"]
+    clause = "今天天气很好，我们一起去公园散步吧。"  # the comma ends character 7 of 18
+    assert split_documents([clause], "zh", characters, 12)[0] == ["今天天气很好，", "我们一起去公园散步吧。"]
     assert cut("ae\u0301e") == (3, 3)  # never before a combining mark
     assert cut("a") is None
 
