@@ -27,10 +27,36 @@ def test_translate_arguments_and_stdin_agree_with_the_library(demo_model_dir):
     sentences = ["three hundred and forty-two", "nineteen thousand, eight hundred and seven"]
     expected = checkpoint_translator(load_checkpoint(demo_model_dir)).translate(sentences)
     from_args = twostep("translate", demo_model_dir, *sentences)
-    from_stdin = twostep("translate", demo_model_dir, "--json", stdin="\n".join(sentences) + "\n")
+    from_stdin = twostep("translate", demo_model_dir, "--json", "--no-split", stdin="\n".join(sentences) + "\n")
     assert from_args.returncode == 0 and from_stdin.returncode == 0, from_args.stderr + from_stdin.stderr
     assert from_args.stdout.splitlines() == expected
     assert [row["translations"][0]["text"] for row in json.loads(from_stdin.stdout)] == expected
+
+
+DOCUMENT = ("three hundred and forty-two. seven thousand and one.\n\n"
+            "  nine hundred and ninety-nine!\n\n\nfive hundred and six.\n")
+
+
+def test_translate_splits_a_document_on_stdin_and_keeps_its_paragraphs(demo_model_dir):
+    sentences = ["three hundred and forty-two.", "seven thousand and one.", "nine hundred and ninety-nine!",
+                 "five hundred and six."]
+    translator = checkpoint_translator(load_checkpoint(demo_model_dir))
+    de = translator.translate(sentences)
+    want = f"{de[0]} {de[1]}\n\n  {de[2]}\n\n\n{de[3]}\n"
+    from_stdin = twostep("translate", demo_model_dir, stdin=DOCUMENT)
+    from_arg = twostep("translate", demo_model_dir, "--json", DOCUMENT, "eleven.")
+    whole = twostep("translate", demo_model_dir, "--no-split", DOCUMENT.replace("\n", " "))
+    assert from_stdin.returncode == from_arg.returncode == whole.returncode == 0, from_stdin.stderr + from_arg.stderr
+    assert from_stdin.stdout == want
+    rows = json.loads(from_arg.stdout)
+    assert [row["source"] for row in rows] == [DOCUMENT, "eleven."] and rows[0]["translations"][0]["text"] == want
+    assert whole.stdout == translator.translate([DOCUMENT.replace("\n", " ")])[0] + "\n"  # one sentence, as before
+
+
+def test_translate_help_names_the_split_and_its_opposite():
+    result = twostep("translate", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "--split" in result.stdout and "--no-split" in result.stdout and "paragraphs" in result.stdout
 
 
 def test_init_writes_a_checkpoint(tmp_path):

@@ -97,7 +97,8 @@ def evaluate(
 @app.command()
 def translate(
     model_dir: Path = typer.Argument(..., help="Artifact directory (any backend) or checkpoint (torch)."),
-    text: Optional[list[str]] = typer.Argument(None, help="Sentences; read from stdin, one a line, when omitted."),
+    text: Optional[list[str]] = typer.Argument(None, help="Texts to translate; when omitted, stdin is one text (with "
+                                               "--no-split or --ids: one sentence a line)."),
     backend: Optional[str] = typer.Option(None, help="torch, ort-cpu, ort-cuda; default ort-cpu for artifacts."),
     checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint, for --backend torch on an artifact."),
     beam: int = typer.Option(1, min=1, help="Beam size; 1 is greedy."),
@@ -112,19 +113,30 @@ def translate(
     ids: bool = typer.Option(False, "--ids", help="Input and output are token ids separated by spaces."),
     as_json: bool = typer.Option(False, "--json"),
     src_lang: Optional[str] = typer.Option(None, help="Source language of a multilingual model (M2M100: en; "
-                                           "NLLB: eng_Latn; mBART-50: en_XX)."),
+                                           "NLLB: eng_Latn; mBART-50: en_XX); also the rules that split texts "
+                                           "into sentences (English's without it)."),
     tgt_lang: Optional[str] = typer.Option(None, help="Target language (M2M100: fr; NLLB: fra_Latn; mBART-50: "
                                            "fr_XX; multilingual Marian: fra)."),
     beam_stop: str = typer.Option("n_best", help="Beam search's stopping rule: n_best, or transformers (its "
                                   "generate()'s: keeps --beam finished hypotheses, may run longer)."),
+    split: bool = typer.Option(True, "--split/--no-split", help=(
+        "Translate each text sentence by sentence, keeping the spaces, line breaks and paragraphs between "
+        "sentences (--n-best: a text of several sentences gets one translation, its sentences' best). "
+        "--no-split: each text is one sentence.")),
 ) -> None:
-    """Translate sentences with any backend."""
+    """Translate texts with any backend: each text is split into sentences (--no-split: it is one sentence)."""
     from twostep.runtime.decoding import DecodeOptions
     from twostep.runtime.translator import open_translator
 
-    sentences = list(text) if text else [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    split = split and not ids
+    if text:
+        sentences = list(text)
+    elif split:
+        sentences = [document] if (document := sys.stdin.read()).strip() else []
+    else:
+        sentences = [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not sentences:
-        raise TwostepError("no input: give sentences as arguments or one per line on stdin")
+        raise TwostepError("no input: give texts as arguments or on stdin")
     options = DecodeOptions(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
                             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             max_new_tokens=max_new_tokens, beam_stop=beam_stop)
@@ -137,14 +149,14 @@ def translate(
             results = [[(" ".join(map(str, h.tokens)), h.score) for h in hyps]
                        for hyps in translator.decode_ids(parse_ids(sentences), tgt_lang=tgt_lang)]
         else:
-            results = translator.translate_nbest(sentences, src_lang=src_lang, tgt_lang=tgt_lang)
+            results = translator.translate_nbest(sentences, src_lang=src_lang, tgt_lang=tgt_lang, split=split)
     if as_json:
         emit_json([{"source": s, "translations": [{"text": t, "score": sc} for t, sc in hyps]}
                    for s, hyps in zip(sentences, results)])
     else:
         for hyps in results:
-            for t, _ in hyps:
-                out.print(t, markup=False, highlight=False)
+            for t, _ in hyps:  # verbatim: a document's own line breaks, then one to end it if it has none
+                sys.stdout.write(t if t.endswith("\n") else t + "\n")
 
 
 @app.command()

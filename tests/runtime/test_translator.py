@@ -11,11 +11,15 @@ from twostep.runtime.translator import open_translator
 
 def test_sentence_longer_than_max_positions(demo_artifact):
     long = " ".join(["seven hundred and seventy-seven thousand"] * 40)
-    assert_user_error(twostep("translate", demo_artifact, long), "sentence 1 has", "at most 128 (max_positions)")
+    assert_user_error(twostep("translate", demo_artifact, long, "--no-split"), "sentence 1 has",
+                      "at most 128 (max_positions)")
+    split = twostep("translate", demo_artifact, long)  # by default cut into pieces that fit (test_documents.py)
+    assert split.returncode == 0, split.stderr
 
 
 def test_empty_input(demo_artifact):
-    assert_user_error(twostep("translate", demo_artifact, "   "), "sentence 1 is empty")
+    assert_user_error(twostep("translate", demo_artifact, "one", "   "), "text 2 is empty")
+    assert_user_error(twostep("translate", demo_artifact, "   ", "--no-split"), "sentence 1 is empty")
     assert_user_error(twostep("translate", demo_artifact, stdin=""), "no input")
 
 

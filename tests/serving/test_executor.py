@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from twostep.artifact import load_artifact
-from twostep.errors import BadInput, Overloaded
+from twostep.errors import BadInput, Overloaded, TooLarge
 from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime import backends
 from twostep.runtime.backends.ort import OrtBackend
@@ -519,3 +519,34 @@ def test_the_batching_executor_decodes_with_it_as_sentences_come_and_leave(demo_
         with ex, ThreadPoolExecutor(max_workers=16) as pool:
             got = list(pool.map(lambda s: ex.decode_ids([s])[0], sources))
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+
+
+DOCUMENT = "three hundred and forty-two. seven thousand and one.\n\nnine hundred and ninety-nine! twelve.\n"
+
+
+def test_a_document_is_one_request_its_sentences_rows_of_one_batch(demo):
+    want = sequential(demo, [[DOCUMENT]], DecodeOptions())[0]  # the plain Translator's, without split
+    ex, session, metrics = make(demo, max_wait_ms=20)
+    with ex:
+        sentences, plan = ex.split_documents([DOCUMENT, "eleven."])
+        assert len(sentences) == 5
+        got = ex.translate([DOCUMENT, "eleven."], split=True)
+        assert metrics.batches == [(5, 5)] and not metrics.joins  # one submit: all five start the batch together
+        assert got == plan.join(ex.translate(sentences))
+        assert asyncio.run(ex.translate_async([DOCUMENT, "eleven."], split=True)) == got
+        assert [[t for t, _ in hyps] for hyps in ex.translate_nbest([DOCUMENT], split=True)] == [[got[0]]]
+        assert [[t for t, _ in hyps] for hyps in asyncio.run(
+            ex.translate_nbest_async([DOCUMENT], split=True))] == [[got[0]]]
+        assert ex.translate([DOCUMENT]) == [want[0][0][0]]  # split=False: one sentence, as before
+        with pytest.raises(BadInput, match="^text 1 is empty$"):
+            ex.translate(["\n\n"], split=True)
+
+
+def test_the_work_limit_counts_a_documents_sentences_together(demo):
+    one = "seven thousand and one."
+    work = make(demo)[0].new_tokens(make(demo)[0].encode([one])[0], DecodeOptions())  # one sentence's new tokens
+    ex, _, _ = make(demo, max_request_work=2 * work)
+    with ex:
+        assert len(ex.translate([f"{one} {one}"], split=True)[0].split()) == 2
+        with pytest.raises(TooLarge, match=f"is 1 x {3 * work} = {3 * work}, above the limit of {2 * work}"):
+            ex.translate([f"{one} {one} {one}"], split=True)

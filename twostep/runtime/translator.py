@@ -10,6 +10,7 @@ from pathlib import Path
 from twostep.errors import BadInput
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, Specials, StepSession, decode
 from twostep.runtime.decoding.options import is_int
+from twostep.runtime.documents import DocumentPlan, split_documents
 from twostep.runtime.tokenizer import Tokenizer
 
 
@@ -131,13 +132,36 @@ class Translator:
         """Each sentence's hypotheses as (text, score): decode_ids' answer as translate_nbest() gives it."""
         return [[(self.tokenizer.decode(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
+    def split_documents(self, texts: Sequence[str], src_lang: str | None = None,
+                        tgt_lang: str | None = None) -> tuple[list[str], DocumentPlan]:
+        """Each text as a document (twostep.runtime.documents): all texts' sentences, each within max_positions
+        once encoded with its language tokens (a longer one cut further), and the plan that joins their
+        translations back into the texts, with the whitespace and line breaks between sentences kept."""
+        if self.tokenizer is None:
+            raise BadInput("this model has no tokenizer: text translation needs one (token-id APIs work without)")
+        self.tokenizer.check_languages(src_lang, tgt_lang)
+        lang = self.tokenizer.spec.languages.pick("source", src_lang)
+        return split_documents(texts, lang, lambda s: len(self.tokenizer.encode_source(s, src_lang, tgt_lang)),
+                               self.limits.max_positions)
+
     def translate(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
-                  tgt_lang: str | None = None) -> list[str]:
+                  tgt_lang: str | None = None, split: bool = False) -> list[str]:
+        """Each text's translation. `split`: each text is a document, translated sentence by sentence
+        (split_documents); else each text is one sentence."""
+        if split:
+            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
+            return plan.join(self.translate(sentences, options, src_lang, tgt_lang))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 
     def translate_nbest(self, texts: Sequence[str], options: DecodeOptions | None = None,
-                        src_lang: str | None = None, tgt_lang: str | None = None) -> list[list[tuple[str, float]]]:
+                        src_lang: str | None = None, tgt_lang: str | None = None,
+                        split: bool = False) -> list[list[tuple[str, float]]]:
+        """Each text's hypotheses as (text, score). `split`: as translate's; a text of several sentences then has
+        one hypothesis, its sentences' best joined (DocumentPlan.join_nbest)."""
+        if split:
+            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
+            return plan.join_nbest(self.translate_nbest(sentences, options, src_lang, tgt_lang))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 

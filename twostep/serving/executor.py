@@ -19,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from twostep.errors import BadInput, TooLarge
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, StepSession
+from twostep.runtime.documents import DocumentPlan
 from twostep.runtime.tokenizer import Tokenizer
 from twostep.runtime.translator import Limits, Translator
 from twostep.serving.engine import BatchingEngine, Metrics
@@ -104,13 +105,27 @@ class BatchingTranslator:
             future.cancel()
             raise TimeoutError(f"no answer within {timeout} s; the request was cancelled") from None
 
+    def split_documents(self, texts: Sequence[str], src_lang: str | None = None,
+                        tgt_lang: str | None = None) -> tuple[list[str], DocumentPlan]:
+        """Each text as a document: its sentences (what the admission limits count) and the plan that joins
+        their translations back, as Translator.split_documents."""
+        return self.translator.split_documents(texts, src_lang, tgt_lang)
+
     def translate(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
-                  tgt_lang: str | None = None) -> list[str]:
+                  tgt_lang: str | None = None, split: bool = False) -> list[str]:
+        """`split`: each text is a document, its sentences rows of one request (Translator.translate)."""
+        if split:
+            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
+            return plan.join(self.translate(sentences, options, src_lang, tgt_lang))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.translator.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 
     def translate_nbest(self, texts: Sequence[str], options: DecodeOptions | None = None,
-                        src_lang: str | None = None, tgt_lang: str | None = None) -> list[list[tuple[str, float]]]:
+                        src_lang: str | None = None, tgt_lang: str | None = None,
+                        split: bool = False) -> list[list[tuple[str, float]]]:
+        if split:
+            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
+            return plan.join_nbest(self.translate_nbest(sentences, options, src_lang, tgt_lang))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.translator.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 
@@ -120,13 +135,20 @@ class BatchingTranslator:
         return await asyncio.wrap_future(self.submit_ids(sources, options, tgt_lang))
 
     async def translate_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
-                              src_lang: str | None = None, tgt_lang: str | None = None) -> list[str]:
+                              src_lang: str | None = None, tgt_lang: str | None = None,
+                              split: bool = False) -> list[str]:
+        if split:
+            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
+            return plan.join(await self.translate_async(sentences, options, src_lang, tgt_lang))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.translator.best_texts(await self.decode_ids_async(ids, options, tgt_lang))
 
     async def translate_nbest_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
-                                    src_lang: str | None = None,
-                                    tgt_lang: str | None = None) -> list[list[tuple[str, float]]]:
+                                    src_lang: str | None = None, tgt_lang: str | None = None,
+                                    split: bool = False) -> list[list[tuple[str, float]]]:
+        if split:
+            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
+            return plan.join_nbest(await self.translate_nbest_async(sentences, options, src_lang, tgt_lang))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.translator.nbest_texts(await self.decode_ids_async(ids, options, tgt_lang))
 
