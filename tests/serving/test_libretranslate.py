@@ -32,7 +32,8 @@ def demo_server(demo_artifact):
 def reference(demo_artifact):
     translator, backend = open_translator(demo_artifact, options=DecodeOptions(beam_size=3, n_best=3))
     with backend:
-        return {"greedy": translator.translate(SENTENCES, DecodeOptions()), "nbest": translator.translate_nbest(SENTENCES)}
+        return {"greedy": translator.translate(SENTENCES, DecodeOptions()),
+                "nbest": translator.translate_nbest(SENTENCES)}
 
 
 def refusal(call) -> tuple[int, str]:
@@ -72,11 +73,12 @@ def test_lists_alternatives_and_json(demo_server, reference):
 
 def test_html_keeps_its_tags_and_translates_its_text(demo_server, reference):
     url, _ = demo_server
-    page = f'<p class="n">{SENTENCES[0]}</p>\n<ul><li><b>{SENTENCES[2]}</b><li>{SENTENCES[1]}</ul><!-- {SENTENCES[2]} -->'
+    a, b, c = SENTENCES
+    page = f'<p class="n">{a}</p>\n<ul><li><b>{c}</b><li>{b}</ul><!-- {c} -->'
     r = lt(url, q=page, source="en", target="de", format="html")
     assert r.status_code == 200, r.text
-    a, b, c = reference["greedy"]
-    assert r.json()["translatedText"] == f'<p class="n">{a}</p>\n<ul><li><b>{c}</b><li>{b}</ul><!-- {SENTENCES[2]} -->'
+    ta, tb, tc = reference["greedy"]
+    assert r.json()["translatedText"] == f'<p class="n">{ta}</p>\n<ul><li><b>{tc}</b><li>{tb}</ul><!-- {c} -->'
 
 
 @pytest.mark.parametrize("body, status, message", [

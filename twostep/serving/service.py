@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from twostep.artifact.tokenizer import model_tag
 from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
 from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.documents import Document, DocumentPlan
 from twostep.serving.engine import Metrics
 from twostep.serving.executor import BatchingTranslator, batching_advice, open_batching_translator
 from twostep.serving.limits import BatchLimits
@@ -187,14 +188,20 @@ class Service:
             raise TooLarge(f"{count} sentences in one request; at most {self.config.max_sentences}")
 
     def encode(self, texts: Sequence[str], src_lang: str | None, tgt_lang: str | None,
-               split: bool = True) -> tuple[list[list[int]], Callable[[list], list]]:
+               split: bool = True) -> tuple[list[list[int]], DocumentPlan]:
         """Texts to the source ids of their sentences, checked against the admission limits (max_chars before,
-        max_sentences after splitting), and `join`: the sentences' translations (or hypotheses) back to one per
-        text. `split`: each text a document, split into sentences; else each text one sentence."""
+        max_sentences after splitting), and the plan that joins the sentences' translations back into texts.
+        `split`: each text a document, split into sentences (twostep.runtime.documents); else each text one
+        sentence."""
         translator = self.running()
         self.check_size(texts)
-        self.check_sentences(len(texts))
-        return translator.encode(texts, src_lang, tgt_lang), list
+        if split:
+            self.check_sentences(len(texts))  # before the work of splitting, as after it
+            sentences, plan = translator.split_documents(texts, src_lang, tgt_lang)
+        else:
+            sentences, plan = list(texts), DocumentPlan(tuple(Document((t,), ("", "")) for t in texts))
+        self.check_sentences(len(sentences))
+        return translator.encode(sentences, src_lang, tgt_lang), plan
 
     def submit(self, sources: Sequence[Sequence[int]], options: DecodeOptions,
                tgt_lang: str | None = None) -> Future:

@@ -153,13 +153,13 @@ def router(service: Service) -> APIRouter:
         options = translator.translator.options
         if alternatives:
             options = replace(options, beam_size=max(options.beam_size, alternatives + 1), n_best=alternatives + 1)
-        sources, join = service.encode(nodes, source, target)
+        sources, plan = service.encode(nodes, source, target)
         future = service.submit(sources, options, target)
 
         def answer(results) -> dict:
             decode = tokenizer.decode
             ranked = [[decode(h.tokens) for h in hyps] for hyps in results]  # per sentence, best first
-            best = join([r[0] if r else "" for r in ranked])
+            best = plan.join([r[0] if r else "" for r in ranked])
             if markup == "html":
                 out, at = [], 0
                 for fragment in fragments:
@@ -169,7 +169,8 @@ def router(service: Service) -> APIRouter:
                 best = out
             answer = {"translatedText": best[0] if one else best}
             if alternatives:
-                others = [join([r[k] if k < len(r) else r[-1] for r in ranked]) for k in range(1, alternatives + 1)]
+                others = [plan.join([r[min(k, len(r) - 1)] if r else "" for r in ranked])
+                          for k in range(1, alternatives + 1)]
                 per_text = [list(dict.fromkeys(alt[i] for alt in others if alt[i] != best[i]))
                             for i in range(len(texts))]
                 answer["alternatives"] = per_text[0] if one else per_text

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from twostep.artifact.tokenizer import Languages, MissingLanguage
 from twostep.errors import TwostepError
 from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.documents import DocumentPlan
 from twostep.serving.service import V1_REFUSED, NotReady, Service, described, error, until_disconnected
 
 
@@ -26,8 +27,11 @@ class TranslateRequest(BaseModel):
     """Sentences as text, or as token ids (each ending with eos), and how to decode them."""
 
     model_config = ConfigDict(extra="forbid")
-    text: Optional[list[str]] = Field(None, description="Sentences to translate.")
+    text: Optional[list[str]] = Field(None, description="Texts to translate: each a document, split into sentences "
+                                      "(unless split is false), or a sentence.")
     ids: Optional[list[list[int]]] = Field(None, description="Token ids instead of text, each ending with eos.")
+    split: bool = Field(True, description="Split each text into sentences, translate them as rows of the batch and "
+                        "join them with the text's own whitespace and line breaks; false: each text is one sentence.")
     beam: int = Field(1, description="Beam size; 1 is greedy.")
     n_best: int = 1
     length_penalty: float = 1.0
@@ -53,14 +57,40 @@ class TranslateRequest(BaseModel):
                              beam_stop=self.beam_stop)
 
 
-class Hypothesis(BaseModel):
-    text: Optional[str] = Field(None, description="Absent for requests sent as ids.")
+class Sentence(BaseModel):
+    text: str
     tokens: list[int]
     score: float
 
 
+class Hypothesis(BaseModel):
+    text: Optional[str] = Field(None, description="Absent for requests sent as ids.")
+    tokens: Optional[list[int]] = Field(None, description="Absent for a text of several sentences: see sentences.")
+    score: float = Field(description="Length-normalized log-probability (beam search; 0 otherwise); for a text of "
+                         "several sentences, their mean.")
+    sentences: Optional[list[Sentence]] = Field(None, description="A text of several sentences: each one's best.")
+
+
 class TranslateResponse(BaseModel):
-    translations: list[list[Hypothesis]] = Field(description="Per sentence, in request order: n_best hypotheses.")
+    translations: list[list[Hypothesis]] = Field(description="Per text (or ids), in request order: its n_best "
+                                                 "hypotheses; a text of several sentences has one, its sentences' "
+                                                 "best joined.")
+
+
+def hypotheses(plan: DocumentPlan, results: list, decode) -> list[list[dict]]:
+    """Each text's hypotheses from its sentences': a one-sentence text keeps its n-best, in its whitespace; a
+    text of several sentences has one, their best joined (DocumentPlan.join_nbest's rule), with each sentence's."""
+    out = []
+    for doc, part in zip(plan.documents, plan.parts(results)):
+        if len(part) == 1:
+            out.append([{"text": doc.join([decode(h.tokens)]), "tokens": h.tokens, "score": h.score} for h in part[0]])
+        elif any(not hyps for hyps in part):
+            out.append([])
+        else:
+            best = [{"text": decode(hyps[0].tokens), "tokens": hyps[0].tokens, "score": hyps[0].score} for hyps in part]
+            score = sum(b["score"] for b in best) / len(best)
+            out.append([{"text": doc.join([b["text"] for b in best]), "score": score, "sentences": best}])
+    return out
 
 
 def language_list(languages: Languages | None) -> dict:
@@ -89,9 +119,7 @@ def router(service: Service) -> APIRouter:
             translator = service.running()
             options = body.options()
             if body.text is not None:
-                service.check_size(body.text)
-                service.check_sentences(len(body.text))
-                sources = translator.encode(body.text, body.src_lang, body.tgt_lang)
+                sources, plan = service.encode(body.text, body.src_lang, body.tgt_lang, body.split)
             else:
                 service.check_size(body.ids, "token ids")
                 sources = body.ids
@@ -110,9 +138,7 @@ def router(service: Service) -> APIRouter:
         if body.text is None:
             return JSONResponse({"translations": [[{"tokens": h.tokens, "score": h.score} for h in hyps]
                                                   for hyps in results]})
-        decode = translator.tokenizer.decode
-        return JSONResponse({"translations": [[{"text": decode(h.tokens), "tokens": h.tokens, "score": h.score}
-                                               for h in hyps] for hyps in results]})
+        return JSONResponse({"translations": hypotheses(plan, results, translator.tokenizer.decode)})
 
     @routes.get("/languages")
     async def languages():
