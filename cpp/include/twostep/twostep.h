@@ -9,7 +9,7 @@
 //
 // Streaming: pass a StepCallback to see each sentence grow (greedy: every step; beam search: when it finishes).
 //
-//   model.translate(texts, opts, [](const twostep::StepEvent& e) {
+//   model.translate({"seventy-one"}, opts, [](const twostep::StepEvent& e) {  // one sentence: its deltas in order
 //     std::cout << e.delta << (e.finished ? "\n" : "") << std::flush;
 //     return true;  // false: stop the call
 //   });
