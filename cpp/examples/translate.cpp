@@ -13,14 +13,16 @@ const char* kUsage =
     "usage: twostep-translate ART_DIR [--beam N] [--n-best N] [--length-penalty X] [--threads N]\n"
     "                         [--provider cpu|cuda] [--io-binding] [--ids] [--scores] [--max-new-tokens N]\n"
     "                         [--suppress-eos] [--batch-size N] [--warmup N --repeat N]\n"
-    "                         [--beam-stop n_best|transformers] [--src-lang CODE] [--tgt-lang CODE]\n"
+    "                         [--beam-stop n_best|transformers] [--src-lang CODE] [--tgt-lang CODE] [--stream]\n"
     "Reads one sentence a line from stdin (with --ids: space-separated token ids ending with eos) and prints\n"
     "one line per input: the translation, or with --n-best N the N best, tab-separated (--scores: each\n"
     "preceded by its score and a space). --repeat N decodes the input N more times after --warmup runs and\n"
     "prints each run's milliseconds to stderr. --io-binding keeps the decoder state in the provider's memory\n"
     "(always so with --provider cuda). --src-lang and --tgt-lang pick a multilingual model's languages (with\n"
     "--ids only --tgt-lang counts: the source ids are taken as given). --beam-stop transformers stops beam\n"
-    "search as transformers' generate() does.\n";
+    "search as transformers' generate() does. --stream prints the decode as it goes instead, one JSON object a\n"
+    "line: {\"sentence\": I, \"delta\": TEXT, \"finished\": BOOL} (with --ids \"tokens\": [IDS, so far] in place\n"
+    "of \"delta\"), I counted from 0 in input order; greedy: as each sentence grows, beam search: as each ends.\n";
 
 template <typename T>
 T parse(const std::string& flag, const std::string& value) {
@@ -45,10 +47,36 @@ twostep::Ids parse_ids(const std::string& line, size_t number) {
   }
   return ids;
 }
-std::string ids_text(const twostep::Ids& ids) {
+std::string ids_text(const twostep::Ids& ids, const std::string& separator = " ") {
   std::string out;
-  for (int64_t id : ids) out += (out.empty() ? "" : " ") + std::to_string(id);
+  for (int64_t id : ids) out += (out.empty() ? "" : separator) + std::to_string(id);
   return out;
+}
+
+// A JSON string: quotes, backslashes and control characters escaped, UTF-8 as it is.
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\', out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out + '"';
+}
+
+// --stream's line for one event; none for a text event that shows nothing new.
+bool print_event(const twostep::StepEvent& event, bool ids_mode) {
+  if (!ids_mode && event.delta.empty() && !event.finished) return true;
+  std::cout << "{\"sentence\": " << event.sentence << ", "
+            << (ids_mode ? "\"tokens\": [" + ids_text(event.tokens, ", ") + "]" : "\"delta\": " + json_string(event.delta))
+            << ", \"finished\": " << (event.finished ? "true" : "false") << "}" << std::endl;  // flushed: as it comes
+  return true;
 }
 
 std::string score_text(double score) {  // round-trip precision
@@ -63,7 +91,7 @@ int main(int argc, char** argv) {
     std::string dir;
     twostep::Options options;
     twostep::DecodeOptions decode;
-    bool ids_mode = false, scores = false;
+    bool ids_mode = false, scores = false, stream = false;
     int warmup = 0, repeat = 0;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
@@ -88,10 +116,14 @@ int main(int argc, char** argv) {
       else if (arg == "--io-binding") options.io_binding = true;
       else if (arg == "--ids") ids_mode = true;
       else if (arg == "--scores") scores = true;
+      else if (arg == "--stream") stream = true;
       else if (arg.rfind("-", 0) == 0 || !dir.empty()) throw twostep::Error("unexpected argument " + arg + "\n" + kUsage);
       else dir = arg;
     }
     if (dir.empty()) throw twostep::Error(std::string("missing ART_DIR\n") + kUsage);
+    if (stream && (scores || warmup || repeat || decode.n_best > 1))
+      throw twostep::Error("--stream prints the best hypothesis as it grows: not with --scores, --n-best, --warmup or "
+                           "--repeat");
 
     twostep::Model model = twostep::Model::load(dir, options);
     std::vector<std::string> lines;
@@ -100,8 +132,14 @@ int main(int argc, char** argv) {
       lines.push_back(line);
     }
     std::vector<twostep::Ids> sources;
-    if (!ids_mode) sources = model.encode(lines, decode.src_lang, decode.tgt_lang);
     for (size_t n = 0; ids_mode && n < lines.size(); ++n) sources.push_back(parse_ids(lines[n], n + 1));
+    if (stream) {
+      auto print = [&](const twostep::StepEvent& event) { return print_event(event, ids_mode); };
+      if (ids_mode) model.translate_ids(sources, decode, print);
+      else model.translate(lines, decode, print);
+      return 0;
+    }
+    if (!ids_mode) sources = model.encode(lines, decode.src_lang, decode.tgt_lang);
     std::vector<std::vector<twostep::Hypothesis>> results;
     for (int run = 0; run < warmup + repeat + (repeat == 0); ++run) {
       const auto t0 = std::chrono::steady_clock::now();

@@ -127,6 +127,13 @@ void drop_forced(Ids& tokens, const std::vector<Ids>& forced, size_t b) {
   tokens.erase(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
+// A row's tokens as streamed and returned: without the forced ones.
+Ids shown(const Ids& tokens, const std::vector<Ids>& forced, size_t b) {
+  Ids out = tokens;
+  drop_forced(out, forced, b);
+  return out;
+}
+
 // Python: finished.sort(key=lambda h: -h.score) (stable); del finished[pool:]
 void keep_best(std::vector<Hypothesis>& hyps, int64_t pool) {
   std::stable_sort(hyps.begin(), hyps.end(), [](const auto& a, const auto& b) { return a.score > b.score; });
@@ -156,7 +163,8 @@ double pairwise_sum(const double* a, int64_t n) {
 }
 
 std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
-                        int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced) {
+                        int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced,
+                        const Progress& progress) {
   session.start(sources);
   const size_t batch = sources.size();
   const int64_t vocab = session.vocab();
@@ -166,7 +174,9 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
   std::vector<Ids> out(batch);
   const int64_t width = session.search_width();
   const bool searching = width >= 1 + static_cast<int64_t>(banned.size());  // the search outputs suffice
-  for (int t = 0; t < max_new_tokens; ++t) {
+  std::vector<size_t> news;  // streaming: the rows whose shown tokens grew, or that finished, this step
+  bool stopped = false;      // streaming: progress said stop
+  for (int t = 0; t < max_new_tokens && !stopped; ++t) {
     float* logits = searching ? nullptr : session.step(tokens);
     const StepSession::Search search = searching ? session.search_step(tokens) : StepSession::Search{};
     bool all_done = true;
@@ -188,19 +198,26 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
       if (!done[b]) {
         if (best == s.eos_id) done[b] = true;
         else out[b].push_back(best);
+        if (progress && (done[b] || forced_id < 0)) news.push_back(b);
       }
       all_done = all_done && done[b];
     }
+    for (size_t i = 0; progress && !stopped && i < news.size(); ++i)
+      stopped = !progress(news[i], shown(out[news[i]], forced, news[i]), done[news[i]]);
+    news.clear();
     if (all_done) break;
   }
   for (size_t b = 0; b < batch; ++b) drop_forced(out[b], forced, b);
+  for (size_t b = 0; progress && !stopped && b < batch; ++b)  // max_new_tokens ended them
+    if (!done[b]) stopped = !progress(b, out[b], true);
   return out;
 }
 
 std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std::vector<Ids>& sources,
                                                  const Specials& s, int beam_size, double length_penalty,
                                                  int n_best, int max_new_tokens, bool suppress_eos,
-                                                 const std::vector<Ids>& forced, bool transformers_stop) {
+                                                 const std::vector<Ids>& forced, bool transformers_stop,
+                                                 const Progress& progress) {
   if (n_best < 1 || n_best > beam_size)
     throw Error("n_best must be between 1 and the beam size " + std::to_string(beam_size) + ", got " +
                 std::to_string(n_best));
@@ -226,6 +243,11 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   std::vector<std::pair<double, int64_t>> top;
   const int64_t search_width = session.search_width();
   const bool searching = search_width >= 2 * k + static_cast<int64_t>(banned.size());  // the search outputs suffice
+  // Streaming: a finished sentence's best hypothesis (finished[b] is sorted), as returned.
+  auto best = [&](int64_t b) {
+    return finished[b].empty() ? Ids{} : shown(finished[b][0].tokens, forced, static_cast<size_t>(b));
+  };
+  bool stopped = false;  // streaming: progress said stop
 
   for (int t = 0; t < max_new_tokens; ++t) {
     float* logits = searching ? nullptr : session.step(tokens);
@@ -258,8 +280,10 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
       }
       keep_best(finished[b], pool);
       const double best_alive = norm(next_scores[b * k], t + 1);
-      if (kept == 0 || (static_cast<int64_t>(finished[b].size()) == pool && finished[b].back().score >= best_alive))
+      if (kept == 0 || (static_cast<int64_t>(finished[b].size()) == pool && finished[b].back().score >= best_alive)) {
         done[b] = true;
+        if (progress && !stopped) stopped = !progress(static_cast<size_t>(b), best(b), true);
+      }
     }
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
     for (int64_t r = 0; r < rows_n; ++r) rows[r] = (r / k) * k + origins[r];
@@ -273,6 +297,7 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
     ++width;
     scores.swap(next_scores);
     tokens.swap(next_tokens);
+    if (stopped) break;  // as if max_new_tokens ended here
   }
   for (int64_t b = 0; b < batch; ++b) {  // sentences that hit max_new_tokens: their live beams count as finished
     if (done[b]) continue;
@@ -280,6 +305,7 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
       if (scores[b * k + beam] > kNegInf)
         finished[b].push_back({history[b * k + beam], norm(scores[b * k + beam], width)});
     keep_best(finished[b], pool);
+    if (progress && !stopped) stopped = !progress(static_cast<size_t>(b), best(b), true);
   }
   for (int64_t b = 0; b < batch; ++b) {  // Python: Beam.best
     keep_best(finished[b], n_best);

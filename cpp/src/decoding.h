@@ -2,6 +2,8 @@
 // against a StepSession like the Python one. Internal header.
 #pragma once
 
+#include <functional>
+
 #include "twostep/twostep.h"
 
 namespace twostep::detail {
@@ -38,17 +40,25 @@ struct Specials {
   Ids never_generate;                // ids never chosen (they still count in beam search's softmax)
 };
 
+// A streamed decode's hook (Model's StepCallback): row `row` of the batch, its tokens so far without the forced
+// ones, and whether they are final. greedy() calls it after every step for each row whose tokens grew or that
+// finished, beam_search() once a row, when it finishes (with its best hypothesis). Returning false stops the
+// decode after that step, as max_new_tokens would have, with no further calls. Empty: no streaming work at all.
+using Progress = std::function<bool(size_t row, Ids tokens, bool finished)>;
+
 // forced[i]: the ids forced on sentence i's decoder after its start id, one a step (its logits become -inf
 // but for the forced id, 0). They count as generated tokens (max_new_tokens, length normalisation) but are
 // left out of what is returned. Empty, or fewer rows than sources: nothing forced on the rest.
 // transformers_stop: beam search's stopping rule of transformers' generate() (DecodeOptions::beam_stop).
 std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
-                        int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced = {});
+                        int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced = {},
+                        const Progress& progress = {});
 
 std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std::vector<Ids>& sources,
                                                  const Specials& s, int beam_size, double length_penalty,
                                                  int n_best, int max_new_tokens, bool suppress_eos,
-                                                 const std::vector<Ids>& forced = {}, bool transformers_stop = false);
+                                                 const std::vector<Ids>& forced = {}, bool transformers_stop = false,
+                                                 const Progress& progress = {});
 
 // numpy's float64 sum along a contiguous axis (pairwise, 8-way unrolled blocks of 128), so that
 // log-softmax rounds like the Python loop.

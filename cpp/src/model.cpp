@@ -13,6 +13,7 @@
 
 #include "decoding.h"
 #include "providers.h"
+#include "stream.h"
 #include "twostep/twostep.h"
 
 namespace twostep {
@@ -502,7 +503,8 @@ std::vector<std::vector<Hypothesis>> Model::beam_search(const std::vector<Ids>& 
   });
 }
 
-std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& sources, const DecodeOptions& o) {
+std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& sources, const DecodeOptions& o,
+                                                       const StepCallback& on_step) {
   if (o.beam_size < 1) throw Error("beam size must be at least 1, got " + std::to_string(o.beam_size));
   if (o.batch_size < 1) throw Error("batch size must be at least 1, got " + std::to_string(o.batch_size));
   if (o.max_new_tokens < 0) throw Error("max_new_tokens must be 0 (automatic) or more");
@@ -513,7 +515,8 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sources[a].size() < sources[b].size(); });
   std::vector<std::vector<Hypothesis>> results(sources.size());
-  for (size_t start = 0; start < order.size(); start += o.batch_size) {
+  bool stopped = false;  // on_step said stop: no more batches
+  for (size_t start = 0; start < order.size() && !stopped; start += o.batch_size) {
     const size_t end = std::min(order.size(), start + o.batch_size);
     std::vector<Ids> batch;
     size_t longest = 0;
@@ -521,21 +524,36 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
     const int max_new = o.max_new_tokens ? o.max_new_tokens
                                          : static_cast<int>(std::min<int64_t>(impl_->m.max_positions, 2 * longest + 16));
     const std::vector<Ids> forced(forced_ids.empty() ? 0 : batch.size(), forced_ids);
+    detail::Progress progress;  // a batch row's news, as the caller's sentence
+    if (on_step)
+      progress = [&](size_t row, Ids tokens, bool finished) {
+        StepEvent event;
+        event.sentence = order[start + row], event.tokens = std::move(tokens), event.finished = finished;
+        stopped = !on_step(event);
+        return !stopped;
+      };
     std::vector<std::vector<Hypothesis>> outs;
     if (o.beam_size > 1) {
-      outs = beam_search(batch, o.beam_size, o.length_penalty, o.n_best, max_new, o.suppress_eos, forced,
-                         o.beam_stop);
+      outs = ort_errors("beam search", [&] {
+        return detail::beam_search(*impl_, batch, impl_->specials(), o.beam_size, o.length_penalty, o.n_best, max_new,
+                                   o.suppress_eos, forced, o.beam_stop == "transformers", progress);
+      });
     } else {
-      for (auto& tokens : greedy(batch, max_new, o.suppress_eos, forced)) outs.push_back({{std::move(tokens), 0.0}});
+      auto tokens = ort_errors("greedy", [&] {
+        return detail::greedy(*impl_, batch, impl_->specials(), max_new, o.suppress_eos, forced, progress);
+      });
+      for (auto& t : tokens) outs.push_back({{std::move(t), 0.0}});
     }
     for (size_t i = start; i < end; ++i) results[order[i]] = std::move(outs[i - start]);
   }
   return results;
 }
 
-std::vector<Ids> Model::translate_ids(const std::vector<Ids>& sources, const DecodeOptions& options) {
+std::vector<Ids> Model::translate_ids(const std::vector<Ids>& sources, const DecodeOptions& options,
+                                      const StepCallback& on_step) {
   std::vector<Ids> out;
-  for (auto& hyps : decode_ids(sources, options)) out.push_back(hyps.empty() ? Ids{} : std::move(hyps[0].tokens));
+  for (auto& hyps : decode_ids(sources, options, on_step))
+    out.push_back(hyps.empty() ? Ids{} : std::move(hyps[0].tokens));
   return out;
 }
 
@@ -548,10 +566,22 @@ std::vector<Ids> Model::encode(const std::vector<std::string>& texts, const std:
 }
 std::string Model::decode(const Ids& ids) const { return impl_->text_tokenizer().decode(ids); }
 
-std::vector<std::string> Model::translate(const std::vector<std::string>& texts, const DecodeOptions& options) {
+std::vector<std::string> Model::translate(const std::vector<std::string>& texts, const DecodeOptions& options,
+                                          const StepCallback& on_step) {
+  const std::vector<Ids> sources = encode(texts, options.src_lang, options.tgt_lang);
+  std::vector<detail::TextDeltas> deltas;  // each sentence's text shown so far
+  StepCallback with_deltas;
+  if (on_step) {
+    deltas.assign(texts.size(), detail::TextDeltas([this](const Ids& ids) { return decode(ids); }));
+    with_deltas = [&](const StepEvent& event) {
+      StepEvent news = event;
+      detail::TextDeltas& text = deltas[event.sentence];
+      news.delta = event.finished ? text.finish(event.tokens) : text.next(event.tokens);
+      return on_step(news);
+    };
+  }
   std::vector<std::string> out;
-  for (const auto& ids : translate_ids(encode(texts, options.src_lang, options.tgt_lang), options))
-    out.push_back(decode(ids));
+  for (const auto& ids : translate_ids(sources, options, with_deltas)) out.push_back(decode(ids));
   return out;
 }
 

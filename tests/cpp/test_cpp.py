@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cpp_helpers import CPP
+from cpp_helpers import CPP, stream_cpp
 from cpp_helpers import translate_cpp as translate
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.translator import open_translator
@@ -59,6 +59,62 @@ def test_cpp_matches_python_runtime(cpp_build, demo_artifact, test_sentences, be
     ids = translate(cpp_build, demo_artifact, ids_lines(sources), "--beam", beam, "--ids", *binding)
     assert ids.returncode == 0, ids.stderr
     assert_same(f"beam {beam} ids", ids_lines(py_ids), ids.stdout.splitlines())
+
+
+def streamed(events: list[dict], n: int, key: str = "delta") -> list:
+    """Each sentence's deltas joined (key "tokens": its last tokens), after checking that each of the n got
+    exactly one finished event, its last."""
+    out: list = ["" if key == "delta" else None] * n
+    finished = [False] * n
+    for event in events:
+        i = event["sentence"]
+        assert not finished[i], f"sentence {i}: an event after its finished one: {event}"
+        out[i] = out[i] + event["delta"] if key == "delta" else event["tokens"]
+        finished[i] = event["finished"]
+    assert all(finished), f"sentences without a finished event: {[i for i, f in enumerate(finished) if not f]}"
+    return out
+
+
+@BINDINGS
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cpp_streams_what_it_translates(cpp_build, demo_artifact, test_sentences, beam, binding):
+    """--stream (Model::translate with a StepCallback): each sentence's deltas joined are the text translate()
+    gives without one; greedy sends the tokens so far after every step (one more each time), beam search one
+    event a sentence."""
+    text = translate(cpp_build, demo_artifact, test_sentences, "--beam", beam, *binding)
+    assert text.returncode == 0, text.stderr
+    events = stream_cpp(cpp_build, demo_artifact, test_sentences, "--beam", beam, *binding)
+    assert_same(f"beam {beam} streamed text", text.stdout.splitlines(), streamed(events, len(test_sentences)))
+
+    translator, backend = open_translator(demo_artifact, "ort-cpu")
+    with backend:
+        sources = ids_lines(translator.encode(test_sentences))
+    ids = translate(cpp_build, demo_artifact, sources, "--beam", beam, "--ids", *binding)
+    assert ids.returncode == 0, ids.stderr
+    events = stream_cpp(cpp_build, demo_artifact, sources, "--beam", beam, "--ids", *binding)
+    final = streamed(events, len(sources), key="tokens")
+    assert_same(f"beam {beam} streamed ids", ids.stdout.splitlines(), ids_lines(final))
+    counts = [sum(e["sentence"] == i for e in events) for i in range(len(sources))]
+    if beam > 1:
+        assert set(counts) == {1}
+    else:
+        assert counts == [len(tokens) + 1 for tokens in final]
+        seen = [0] * len(sources)
+        for event in events[:-1]:
+            if not event["finished"]:
+                i = event["sentence"]
+                seen[i] += 1
+                assert event["tokens"] == final[i][:seen[i]], f"sentence {i}: {event} after {seen[i] - 1} steps"
+
+
+def test_cpp_streaming_unit_tests_on_a_model(cpp_build, demo_artifact):
+    """cpp/tests/test_streaming.cpp's cases on a real Model (they skip without TWOSTEP_TEST_ARTIFACT): deltas
+    joined = translate(), greedy and beam, across batches; false stops the call cleanly, a throw passes through,
+    and the model translates as before after either."""
+    proc = subprocess.run([str(cpp_build / "twostep-tests"), "--test-case=streaming on a model*"],
+                          capture_output=True, text=True, env={**os.environ, "TWOSTEP_TEST_ARTIFACT": str(demo_artifact)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"test cases:\s*2 \|\s*2 passed \|\s*0 failed", proc.stdout), proc.stdout
 
 
 def test_cpp_decodes_an_artifact_with_the_in_place_variant_as_python_does(cpp_build, demo_inplace, test_sentences):
@@ -262,3 +318,34 @@ def test_cpp_decodes_pretrained_families_as_transformers_does(cpp_build, pretrai
     bad = translate(cpp_build, pretrained.art, ["hello"], "--tgt-lang", "xx", *langs[:2] if "src_lang" in
                     pretrained.langs else [])
     assert bad.returncode == 1 and "unknown target language 'xx'" in bad.stderr
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cpp_streams_pretrained_families_as_it_translates(cpp_build, pretrained, beam):
+    """--stream on each family (forced target-language tokens, decoding from pad, never-generated ids): each
+    sentence's deltas joined are what twostep-translate prints without --stream; NLLB with a tokenizer.json
+    alone streams token ids, its last ones those of the unstreamed run."""
+    import hf_models
+    from conftest import NEW_TOKENS
+
+    langs = [arg for key, flag in (("src_lang", "--src-lang"), ("tgt_lang", "--tgt-lang"))
+             if key in pretrained.langs for arg in (flag, pretrained.langs[key])]
+    args = ["--max-new-tokens", NEW_TOKENS, "--beam", beam, "--beam-stop", "transformers"]
+    sentences = hf_models.TEST_SENTENCES
+    if not pretrained.text_in_cpp:
+        from twostep.model.checkpoint import read_tokenizer
+        from twostep.runtime.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.load(pretrained.ckpt, read_tokenizer(pretrained.ckpt))
+        ids = [" ".join(map(str, tokenizer.encode_source(s, **pretrained.langs))) for s in sentences]
+        args += ["--ids", "--tgt-lang", pretrained.langs["tgt_lang"]]
+        plain = translate(cpp_build, pretrained.art, ids, *args)
+        assert plain.returncode == 0, plain.stderr
+        final = streamed(stream_cpp(cpp_build, pretrained.art, ids, *args), len(ids), key="tokens")
+        assert_same("streamed ids", plain.stdout.splitlines(), ids_lines(final))
+        return
+    plain = translate(cpp_build, pretrained.art, sentences, *args, *langs)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.splitlines() == (pretrained.greedy if beam == 1 else pretrained.beam)[1]
+    events = stream_cpp(cpp_build, pretrained.art, sentences, *args, *langs)
+    assert_same("streamed text", plain.stdout.splitlines(), streamed(events, len(sentences)))

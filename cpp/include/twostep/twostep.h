@@ -7,11 +7,19 @@
 //
 // A multilingual model takes its languages in the options: opts.src_lang = "en", opts.tgt_lang = "fr".
 //
+// Streaming: pass a StepCallback to see each sentence grow (greedy: every step; beam search: when it finishes).
+//
+//   model.translate({"seventy-one"}, opts, [](const twostep::StepEvent& e) {  // one sentence: its deltas in order
+//     std::cout << e.delta << (e.finished ? "\n" : "") << std::flush;
+//     return true;  // false: stop the call
+//   });
+//
 // Every failure is a twostep::Error whose message names what was wrong (file, graph, sentence).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -123,6 +131,25 @@ struct Hypothesis {
   double score;  // beam search: sum of log-probs / length ** length_penalty (forced tokens count); greedy: 0
 };
 
+// A streamed decode's news of one sentence (Model::translate, translate_ids and decode_ids with a StepCallback).
+// Greedy decoding sends one after every decoder step for each sentence whose tokens grew or that finished;
+// beam search one for each sentence, when it finishes. A sentence's last event has finished set; sentences come
+// in their batches' order (sorted by length, DecodeOptions::batch_size), those of a batch interleaved.
+struct StepEvent {
+  size_t sentence = 0;  // its index in the call's input
+  Ids tokens;           // its tokens so far, as translate_ids returns them (beam search: the best hypothesis)
+  // translate() only: the text it grew by since its last event, possibly none. The last token's text is held
+  // back until the next token confirms it, a delta never splits a UTF-8 character, and a sentence's deltas
+  // joined are exactly the text translate() returns for it.
+  std::string delta;
+  bool finished = false;  // its last event: tokens and text are final
+};
+// Returns true to go on, false to stop the call: it is not called again, and the call returns at once as if
+// max_new_tokens had ended the decode after the current step (what each sentence of the running batch has so
+// far: greedy, its tokens, beam search, its best hypothesis; sentences of later batches: nothing). An exception
+// it throws leaves the call as it is; the Model stays usable either way.
+using StepCallback = std::function<bool(const StepEvent&)>;
+
 // The artifact's tokenizer: text to source ids, target ids to text (as twostep/runtime/tokenizer.py does).
 class Tokenizer {
  public:
@@ -168,16 +195,21 @@ class Model {
 
   // Token ids in (as encode() gives them: language ids, pieces, suffix), best hypotheses out, in input order:
   // sorted into batches like the Python Translator, ids checked against the vocabulary and max_positions.
-  // options.tgt_lang picks the ids forced on the decoder.
-  std::vector<std::vector<Hypothesis>> decode_ids(const std::vector<Ids>& sources, const DecodeOptions& options = {});
-  std::vector<Ids> translate_ids(const std::vector<Ids>& sources, const DecodeOptions& options = {});
+  // options.tgt_lang picks the ids forced on the decoder. on_step, if given, streams the decode (StepEvent,
+  // no deltas); without it no step does any work for streaming.
+  std::vector<std::vector<Hypothesis>> decode_ids(const std::vector<Ids>& sources, const DecodeOptions& options = {},
+                                                  const StepCallback& on_step = {});
+  std::vector<Ids> translate_ids(const std::vector<Ids>& sources, const DecodeOptions& options = {},
+                                 const StepCallback& on_step = {});
 
-  // Text in, text out, with the artifact's tokenizer (Tokenizer).
+  // Text in, text out, with the artifact's tokenizer (Tokenizer). on_step, if given, streams each sentence's
+  // text as it grows (StepEvent::delta).
   Ids encode(const std::string& text, const std::string& src_lang = "", const std::string& tgt_lang = "") const;
   std::vector<Ids> encode(const std::vector<std::string>& texts, const std::string& src_lang = "",
                           const std::string& tgt_lang = "") const;  // errors name the sentence
   std::string decode(const Ids& ids) const;  // drop_ids left out
-  std::vector<std::string> translate(const std::vector<std::string>& texts, const DecodeOptions& options = {});
+  std::vector<std::string> translate(const std::vector<std::string>& texts, const DecodeOptions& options = {},
+                                     const StepCallback& on_step = {});
 
  private:
   struct Impl;
