@@ -10,8 +10,8 @@ a token list's prefix is not always a prefix of the final text: the last token m
 pieces (<0xE3>) make a character only together (and a tokenizers file's decoder turns a whole run of them into
 U+FFFD as long as it is not valid UTF-8), trailing whitespace is stripped at the end but not in the middle. So a
 delta holds only text that later tokens cannot change: the text of the tokens before the last one and before
-the run of byte pieces (and pieces of no text) that ends there, without its trailing whitespace and U+FFFD; the
-rest comes when the sentence is done (`finish`).
+the run of byte pieces (and pieces of no text) that ends there (decode strips its trailing whitespace); the rest
+comes when the sentence is done (`finish`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ from dataclasses import dataclass
 
 from twostep.runtime.decoding import Hypothesis
 from twostep.runtime.tokenizer import Tokenizer
-
-REPLACEMENT = "\ufffd"  # what a decoder makes of bytes that are not (yet) a whole character
-
 
 @dataclass(frozen=True)
 class Delta:
@@ -46,16 +43,9 @@ class SentenceDone:
 Event = Delta | SentenceDone
 
 
-def settled(text: str) -> str:
-    """Text without what the next tokens may still change at its end: whitespace and U+FFFD."""
-    while text and (text[-1].isspace() or text[-1] == REPLACEMENT):
-        text = text.rstrip().rstrip(REPLACEMENT)
-    return text
-
-
 class TextDeltas:
     """One sentence's text as its tokens grow (eos and forced tokens left out): `update(tokens so far)` gives
-    what is new and settled, `finish(final tokens)` the rest. All of them concatenated are decode(final
+    what is new and cannot change, `finish(final tokens)` the rest. All of them concatenated are decode(final
     tokens)."""
 
     def __init__(self, tokenizer: Tokenizer):
@@ -63,11 +53,11 @@ class TextDeltas:
         self.text = ""  # given out so far
 
     def update(self, tokens: Sequence[int]) -> str:
-        """The settled text that `tokens` adds to what was given out ('' for none)."""
+        """The text that `tokens` adds to what was given out ('' for none)."""
         end = len(tokens) - 1  # the last token waits: it may be half a word
         while end > 0 and self.joins(int(tokens[end - 1])):
             end -= 1
-        text = settled(self.tokenizer.decode(tokens[:end])) if end > 0 else ""
+        text = self.tokenizer.decode(tokens[:end]) if end > 0 else ""
         if len(text) <= len(self.text) or not text.startswith(self.text):
             return ""
         delta, self.text = text[len(self.text) :], text
