@@ -3,8 +3,6 @@ tokenizers, and the events of a stream against translate()'s outputs on the expo
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from twostep.runtime.decoding import Hypothesis
 from twostep.runtime.tokenizer import Tokenizer
 
+
 @dataclass(frozen=True)
 class Delta:
     """Sentence `sentence`'s text grew by `text` (never empty)."""
