@@ -111,8 +111,8 @@ def test_cpp_streaming_unit_tests_on_a_model(cpp_build, demo_artifact):
     """cpp/tests/test_streaming.cpp's cases on a real Model (they skip without TWOSTEP_TEST_ARTIFACT): deltas
     joined = translate(), greedy and beam, across batches; false stops the call cleanly, a throw passes through,
     and the model translates as before after either."""
-    proc = subprocess.run([str(cpp_build / "twostep-tests"), "--test-case=streaming on a model*"],
-                          capture_output=True, text=True, env={**os.environ, "TWOSTEP_TEST_ARTIFACT": str(demo_artifact)})
+    proc = subprocess.run([str(cpp_build / "twostep-tests"), "--test-case=streaming on a model*"], capture_output=True,
+                          text=True, env={**os.environ, "TWOSTEP_TEST_ARTIFACT": str(demo_artifact)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"test cases:\s*2 \|\s*2 passed \|\s*0 failed", proc.stdout), proc.stdout
 

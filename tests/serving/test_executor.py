@@ -4,6 +4,7 @@ Runtime."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,7 @@ from twostep.runtime import backends
 from twostep.runtime.backends.ort import OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
 from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.streaming import Delta, SentenceDone
 from twostep.runtime.tokenizer import Tokenizer
 from twostep.runtime.translator import Limits, Translator
 from twostep.serving.engine import Metrics
@@ -550,3 +552,123 @@ def test_the_work_limit_counts_a_documents_sentences_together(demo):
         assert len(ex.translate([f"{one} {one}"], split=True)[0].split()) == 2
         with pytest.raises(TooLarge, match=f"is 1 x {3 * work} = {3 * work}, above the limit of {2 * work}"):
             ex.translate([f"{one} {one} {one}"], split=True)
+
+
+# -- streaming: BatchingEngine.submit's callbacks, BatchingTranslator.stream and stream_async --------------
+
+
+def joined(events) -> tuple[dict[int, str], dict[int, SentenceDone], list]:
+    events = list(events)
+    text: dict[int, str] = {}
+    for e in events:
+        if isinstance(e, Delta):
+            text[e.sentence] = text.get(e.sentence, "") + e.text
+    return text, {e.sentence: e for e in events if isinstance(e, SentenceDone)}, events
+
+
+@pytest.mark.parametrize("options", [DecodeOptions(), DecodeOptions(sampling=True, temperature=0.8, seed=5)],
+                         ids=["greedy", "sampling"])
+def test_streams_and_plain_requests_share_the_batch_and_get_translate_s_text(demo, test_sentences, options):
+    texts = test_sentences[:12]
+    ex, session, _ = make(demo, max_wait_ms=50)
+    with ex, ThreadPoolExecutor(4) as pool:
+        want = ex.translate(texts, options)
+        plain = [pool.submit(ex.translate, texts[i : i + 3], options) for i in (0, 6)]
+        streams = [pool.submit(lambda i=i: joined(ex.stream(texts[i : i + 3], options))) for i in (3, 9)]
+        plain, streams = [f.result(60) for f in plain], [f.result(60) for f in streams]
+    assert plain == [want[0:3], want[6:9]]
+    for (text, done, events), start in zip(streams, (3, 9)):
+        assert [text.get(i, "") for i in range(3)] == want[start : start + 3]
+        assert [done[i].text for i in range(3)] == want[start : start + 3]
+        assert sum(isinstance(e, Delta) for e in events) > 6
+    assert max(session.rows) > 3  # requests decoded side by side
+
+
+def test_beam_streams_sentences_as_they_finish_and_no_deltas(demo, test_sentences):
+    texts = sorted(test_sentences[:6], key=len, reverse=True)
+    options = DecodeOptions(beam_size=3)
+    ex, _, _ = make(demo, max_wait_ms=50)
+    with ex:
+        want = ex.translate(texts, options)
+        text, done, events = joined(ex.stream(texts, options))
+    assert not text and [done[i].text for i in range(6)] == want
+    assert [e.sentence for e in events] != list(range(6))  # the short ones (last) finish first
+
+
+def test_a_consumer_that_stops_early_takes_its_rows_out_and_others_go_on(demo, test_sentences):
+    long = sorted(test_sentences, key=len)[-3:]
+    options = DecodeOptions(suppress_eos=True, max_new_tokens=60)  # 60 steps unless its rows are dropped
+    ex, session, _ = make(demo, max_wait_ms=200)
+    with ex:
+        keep = ex.submit_ids(ex.encode(long[:1]), options)
+        stream = ex.stream(long[1:], options)
+        first = next(stream)  # a delta: its sentences are decoding
+        stream.close()
+        assert isinstance(first, Delta)
+        result = keep.result(60)
+    assert len(result[0][0].tokens) == 60
+    assert session.rows[0] == 3 and session.rows[-1] == 1 and len(session.rows) == 60  # its 2 rows left early
+    assert session.rows.count(3) < 10
+
+
+def test_an_async_consumer_that_is_cancelled_cancels_its_request(demo, test_sentences):
+    long = sorted(test_sentences, key=len)[-3:]
+    options = DecodeOptions(suppress_eos=True, max_new_tokens=60)
+    ex, session, _ = make(demo, max_wait_ms=200)
+
+    async def main():
+        keep = asyncio.ensure_future(ex.translate_async(long[:1], options))
+        async with contextlib.aclosing(ex.stream_async(long[1:], options)) as stream:
+            async for event in stream:
+                assert isinstance(event, Delta)
+                break  # the consumer stops: aclosing closes the generator, which cancels the request
+        started = asyncio.Event()
+
+        async def consume():
+            async for _ in ex.stream_async(long[1:], options):
+                started.set()
+        task = asyncio.ensure_future(consume())
+        await started.wait()
+        task.cancel()  # the consumer is cancelled while it waits for the next event
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await keep
+
+    with ex:
+        assert asyncio.run(main())
+    assert len(session.rows) == 60 and session.rows[-1] == 1
+    assert session.rows.count(5) + session.rows.count(3) < 30  # neither stream's rows stayed to the end
+
+
+def test_a_callback_that_raises_fails_its_request_only(demo, test_sentences):
+    ex, _, _ = make(demo, max_wait_ms=100)
+    texts = test_sentences[:4]
+
+    def broken(index, tokens):
+        raise ValueError("the consumer broke")
+
+    with ex:
+        want = ex.translate(texts)
+        bad = ex.engine.submit(ex.encode(texts[:2]), DecodeOptions(), [30, 30], on_tokens=broken)
+        bad_done = ex.engine.submit(ex.encode(texts[:2]), DecodeOptions(beam_size=2), [30, 30],
+                                    on_sentence=lambda i, h: 1 / 0)
+        good = ex.translate(texts)
+        with pytest.raises(ValueError, match="the consumer broke"):
+            bad.result(30)
+        with pytest.raises(ZeroDivisionError):
+            bad_done.result(30)
+        assert ex.translate(texts) == want  # the worker goes on
+    assert good == want
+
+
+def test_async_stream_gives_the_same_events_as_the_sync_one(demo, test_sentences):
+    texts = test_sentences[:5]
+    ex, _, _ = make(demo, max_wait_ms=20)
+
+    async def collect():
+        return [e async for e in ex.stream_async(texts)]
+
+    with ex:
+        want = ex.translate(texts)
+        text, done, _ = joined(asyncio.run(collect()))
+    assert [text.get(i, "") for i in range(5)] == want == [done[i].text for i in range(5)]

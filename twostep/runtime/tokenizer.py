@@ -23,6 +23,7 @@ from twostep.errors import BadArtifact, BadInput
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPIECE_UNDERLINE = "\u2581"
 WHITESPACE = " \t\n\r\f\v"  # what a stretch of text may end in for spec.trailing_space (as the C++ library's)
+BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback piece: one byte of a character no piece holds
 
 
 def load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
@@ -147,6 +148,17 @@ class Tokenizer:
             pieces = [self.target_pieces[i] for i in kept if i in self.target_pieces]
         return self.target_sp.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
 
+    def target_piece(self, token: int) -> str | None:
+        """The piece of a target id (None for an id decode leaves out)."""
+        if self.target_pieces is not None:
+            return self.target_pieces.get(token)
+        return self.target_sp.id_to_piece(token) if 0 <= token < self.target_sp.get_piece_size() else None
+
+    def is_byte(self, token: int) -> bool:
+        """Whether a target id is a byte-fallback piece (<0xE3>): its text depends on the bytes around it."""
+        piece = self.target_piece(token)
+        return piece is not None and BYTE_PIECE.fullmatch(piece) is not None
+
 
 class JsonTokenizer(Tokenizer):
     """A tokenizer.json (spec.kind "tokenizers"), run by the tokenizers library as transformers runs it: its own
@@ -174,6 +186,9 @@ class JsonTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.hf.decode([int(i) for i in ids if int(i) not in self.drop], skip_special_tokens=True).strip()
+
+    def target_piece(self, token: int) -> str | None:
+        return self.hf.id_to_token(token)
 
 
 def train_tokenizer(sentences: Iterable[str], out_path: Path, vocab_size: int, model_type: str = "unigram") -> Path:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from twostep.errors import BadInput
-from twostep.runtime.decoding import DecodeOptions, Hypothesis, Specials, StepSession, decode
+from twostep.runtime.decoding import DecodeOptions, Hypothesis, Specials, StepSession, decode, decode_steps
 from twostep.runtime.decoding.options import is_int
 from twostep.runtime.documents import DocumentPlan, split_documents
+from twostep.runtime.streaming import Event, Events
 from twostep.runtime.tokenizer import Tokenizer
 
 
@@ -164,6 +165,31 @@ class Translator:
             return plan.join_nbest(self.translate_nbest(sentences, options, src_lang, tgt_lang))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
+
+    def stream(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
+               tgt_lang: str | None = None) -> Iterator[Event]:
+        """translate() as it decodes: Delta and SentenceDone events (twostep.runtime.streaming), `sentence`
+        indexing `texts`; each sentence's deltas concatenated are its translate() text. Greedy search and
+        sampling give deltas, beam search a SentenceDone per sentence as it finishes. The Translator is held
+        (other calls wait) until the iterator ends or is closed."""
+        options = self.options if options is None else options
+        ids = self.encode(texts, src_lang, tgt_lang)
+        prefix = self.prefix(tgt_lang)
+        self.check_ids(ids)
+        events = Events(self.tokenizer, deltas=options.beam_size == 1)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch
+        with self.lock:
+            for start in range(0, len(order), self.batch_size):
+                chunk = order[start : start + self.batch_size]
+                batch = [ids[i] for i in chunk]
+                for finished, progress in decode_steps(
+                        self.session, batch, options, specials=self.limits.specials,
+                        max_new_tokens=self.max_new_tokens(batch, options), prefixes=[prefix] * len(batch),
+                        stream=events.deltas):
+                    for j, tokens in progress:
+                        yield from events.tokens(chunk[j], tokens)
+                    for j, hyps in finished:
+                        yield from events.done(chunk[j], hyps)
 
 
 def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Path | None = None,

@@ -70,11 +70,17 @@ class Metrics:
         """A sentence finished with this many tokens (its best hypothesis)."""
 
 
+OnTokens = Callable[[int, list[int]], None]  # (sentence index, its tokens so far)
+OnSentence = Callable[[int, list[Hypothesis]], None]  # (sentence index, its n-best hypotheses)
+
+
 @dataclass(eq=False)
 class Request:
     sources: list[list[int]]
     options: DecodeOptions
     prefix: tuple[int, ...] = ()  # forced after the decoder's start: the target language's token
+    on_tokens: OnTokens | None = None
+    on_sentence: OnSentence | None = None
     future: Future = field(default_factory=Future)
     results: list = field(init=False)
     remaining: int = field(init=False)
@@ -171,16 +177,23 @@ class BatchingEngine:
         return len(self.waiting)
 
     def submit(self, sources: Sequence[Sequence[int]], options: DecodeOptions,
-               max_new_tokens: Sequence[int], prefix: Sequence[int] = ()) -> Future:
+               max_new_tokens: Sequence[int], prefix: Sequence[int] = (), on_tokens: OnTokens | None = None,
+               on_sentence: OnSentence | None = None) -> Future:
         """Queue one request of checked sentences; its future's result is their n-best hypotheses, in order.
         `max_new_tokens`: how far each sentence decodes (checked by the caller); `prefix`: tokens
         forced after the decoder's start (Entry.prefix: requests to different target languages share batches).
         Cancel the future to drop its rows. Raises BadInput for more sentences than may wait, and Overloaded when
-        the queue cannot take them now."""
+        the queue cannot take them now.
+
+        Streaming: `on_tokens(index, tokens so far)` after each step of a sentence decoding with greedy search or
+        sampling (forced tokens and eos left out), `on_sentence(index, hypotheses)` once a sentence is done,
+        before the future's result. Both run in the worker thread: keep them short (put on a queue). One that
+        raises fails its request with that exception (its rows leave the batch), and no other."""
         if len(sources) > self.limits.max_queue:
             raise BadInput(f"a request of {len(sources)} sentences cannot be queued: at most {self.limits.max_queue} "
                            "sentences wait at once; send fewer per request")
-        request = Request([list(map(int, s)) for s in sources], options, tuple(map(int, prefix)))
+        request = Request([list(map(int, s)) for s in sources], options, tuple(map(int, prefix)), on_tokens,
+                          on_sentence)
         if not sources:
             request.future.set_result([])
             return request.future
@@ -249,6 +262,8 @@ class BatchingEngine:
                     self.metrics.step(lane.batch.live_rows, express=lane.express)
                     started = time.perf_counter()
                     self.guarded(lane, [], lambda: self.answer_all(lane.batch.step()))
+                    if lane.batch.streaming:
+                        self.report(lane.batch.progress())
                     lane.step_s = time.perf_counter() - started
                     if lane.express:
                         lane.ahead_s += lane.step_s
@@ -280,8 +295,8 @@ class BatchingEngine:
     def join(self, batch: RunningBatch, joining: list[Sentence]) -> None:
         running = batch.sentences
         try:
-            self.answer_all(batch.add([Entry(x.ids, x.request.key, x.limit, x, prefix=x.request.prefix)
-                                       for x in joining]))
+            self.answer_all(batch.add([Entry(x.ids, x.request.key, x.limit, x, prefix=x.request.prefix,
+                                             stream=x.request.on_tokens is not None) for x in joining]))
         except TwostepError as exc:  # refused before the batch changed (an engine profile's limit)
             if len(joining) == 1:
                 self.fail(joining, exc)
@@ -356,9 +371,29 @@ class BatchingEngine:
         for sentence, hypotheses in finished:
             self.answer(sentence, hypotheses)
 
+    def report(self, progress: list[tuple[Sentence, list[int]]]) -> None:
+        """Streaming sentences' tokens so far, to their requests' on_tokens."""
+        for sentence, tokens in progress:
+            if not sentence.cancelled:
+                self.call(sentence.request, sentence.request.on_tokens, sentence.index, tokens)
+
+    def call(self, request: Request, callback: Callable, *args) -> bool:
+        """A request's callback; one that raises fails its request (its rows leave at the next step)."""
+        try:
+            callback(*args)
+            return True
+        except Exception as exc:
+            log.warning("a request's streaming callback raised %r: the request fails", exc)
+            with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+                request.future.set_exception(exc)
+            return False
+
     def answer(self, sentence: Sentence, hypotheses: list[Hypothesis]) -> None:
         request = sentence.request
         if request.future.done():  # cancelled, or failed
+            return
+        if request.on_sentence is not None and not self.call(request, request.on_sentence, sentence.index,
+                                                             hypotheses):
             return
         request.results[sentence.index] = hypotheses
         self.metrics.generated(len(hypotheses[0].tokens) if hypotheses else 0)

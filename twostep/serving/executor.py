@@ -13,16 +13,18 @@ Imports no web framework: `twostep.serving.http` and `twostep.serving.ray_app` s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import queue
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from twostep.errors import BadInput, TooLarge
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, StepSession
 from twostep.runtime.documents import DocumentPlan
+from twostep.runtime.streaming import Event, Events
 from twostep.runtime.tokenizer import Tokenizer
 from twostep.runtime.translator import Limits, Translator
-from twostep.serving.engine import BatchingEngine, Metrics
+from twostep.serving.engine import BatchingEngine, Metrics, OnSentence, OnTokens
 from twostep.serving.limits import BatchLimits
 
 
@@ -52,17 +54,20 @@ class BatchingTranslator:
         return self.translator.encode(texts, src_lang, tgt_lang)
 
     def submit_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
-                   tgt_lang: str | None = None) -> Future:
+                   tgt_lang: str | None = None, on_tokens: OnTokens | None = None,
+                   on_sentence: OnSentence | None = None) -> Future:
         """Queue one request; its future's result is decode_ids'. Cancel the future to drop its rows. Raises
         BadInput for a bad request or one beyond the admission limits (TooLarge for too much work: `admit`),
-        and Overloaded when the queue cannot take it now."""
+        and Overloaded when the queue cannot take it now. `on_tokens`, `on_sentence`: BatchingEngine.submit's
+        streaming callbacks, in the worker thread."""
         options = self.translator.options if options is None else options
         if not isinstance(options, DecodeOptions):
             raise TypeError(f"options must be DecodeOptions, got {type(options).__name__}")
         self.translator.check_ids(sources)
         new_tokens = [self.new_tokens(ids, options) for ids in sources]
         self.admit(options.beam_size, new_tokens)
-        return self.engine.submit(sources, options, new_tokens, self.translator.prefix(tgt_lang))
+        return self.engine.submit(sources, options, new_tokens, self.translator.prefix(tgt_lang), on_tokens,
+                                  on_sentence)
 
     def admit(self, beam: int, new_tokens: Sequence[int]) -> None:
         """Refuse, before it is queued, a request beyond BatchLimits' admission limits: a beam above max_beam
@@ -151,6 +156,56 @@ class BatchingTranslator:
             return plan.join_nbest(await self.translate_nbest_async(sentences, options, src_lang, tgt_lang))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.translator.nbest_texts(await self.decode_ids_async(ids, options, tgt_lang))
+
+    def submit_stream(self, texts: Sequence[str], options: DecodeOptions | None, src_lang: str | None,
+                      tgt_lang: str | None, put: Callable[[tuple | None], None]) -> tuple[Future, Events]:
+        """Queue texts whose decode reports to `put` (in the worker thread): ("tokens" | "done", index, tokens or
+        hypotheses), then None once the request is answered, failed or cancelled."""
+        options = self.translator.options if options is None else options
+        ids = self.encode(texts, src_lang, tgt_lang)
+        events = Events(self.tokenizer, deltas=options.beam_size == 1)
+        future = self.submit_ids(ids, options, tgt_lang,
+                                 on_tokens=(lambda i, tokens: put(("tokens", i, tokens))) if events.deltas else None,
+                                 on_sentence=lambda i, hyps: put(("done", i, hyps)))
+        future.add_done_callback(lambda _: put(None))
+        return future, events
+
+    @staticmethod
+    def events(events: Events, item: tuple) -> list[Event]:
+        kind, sentence, value = item
+        return events.tokens(sentence, value) if kind == "tokens" else events.done(sentence, value)
+
+    def stream(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
+               tgt_lang: str | None = None) -> Iterator[Event]:
+        """translate() as it decodes, as Translator.stream: Delta and SentenceDone events (runtime.streaming).
+        Its sentences share the running batch with every other request. Closing the iterator before its end
+        (or leaving a for loop over it) cancels the request: its rows leave the batch. Raises what the request
+        fails with."""
+        items: queue.SimpleQueue = queue.SimpleQueue()
+        future, events = self.submit_stream(texts, options, src_lang, tgt_lang, items.put)
+        try:
+            while (item := items.get()) is not None:
+                yield from self.events(events, item)
+            future.result()
+        finally:
+            future.cancel()
+
+    async def stream_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
+                           src_lang: str | None = None, tgt_lang: str | None = None) -> AsyncIterator[Event]:
+        """stream() for coroutines: the worker hands each report to the event loop (call_soon_threadsafe). The
+        request is cancelled, its rows leaving the batch, once the consumer is cancelled or closes the
+        generator (aclose(); contextlib.aclosing around an `async for` that may stop early)."""
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        future, events = self.submit_stream(texts, options, src_lang, tgt_lang,
+                                            lambda item: loop.call_soon_threadsafe(items.put_nowait, item))
+        try:
+            while (item := await items.get()) is not None:
+                for event in self.events(events, item):
+                    yield event
+            future.result()
+        finally:
+            future.cancel()
 
     def start(self) -> BatchingTranslator:
         """Start the engine's worker (once: again does nothing)."""

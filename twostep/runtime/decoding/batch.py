@@ -16,7 +16,7 @@ static case: every sentence joins at the first step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -81,7 +81,8 @@ class Entry:
     that step() hands back with its hypotheses. `group` overrides the strategy options imply (beam search
     with one beam). `prefix`: tokens forced after the decoder's start token, one a step (a target-language
     token); they count as generated tokens (against the limit, in beam search's length), as transformers
-    counts them, and hypotheses leave them out."""
+    counts them, and hypotheses leave them out. `stream`: its owner wants its tokens so far after each step
+    (RunningBatch.progress)."""
 
     source: Sequence[int]
     options: DecodeOptions
@@ -89,6 +90,7 @@ class Entry:
     owner: object
     group: type[Group] | None = None
     prefix: Sequence[int] = ()
+    stream: bool = False
 
 
 class RunningBatch:
@@ -100,7 +102,11 @@ class RunningBatch:
     are free, the rest are moved together (the only time rows that stay are copied). `specials`: the model's
     token ids. A row with forced tokens left (`forced`, -1 padded, from column `forced_at`) has its logits
     replaced by a one-hot log-probability at the step: every strategy then picks the token, with score 0 (as
-    transformers' ForcedBOSTokenLogitsProcessor does)."""
+    transformers' ForcedBOSTokenLogitsProcessor does).
+
+    Streaming: after a step, `progress()` gives the tokens so far of the sentences that joined with
+    `Entry.stream` and are still decoding with greedy search or sampling; `streaming` counts the sentences that
+    stream, so that a caller asks only when one does (a step itself does nothing more for them)."""
 
     def __init__(self, session: StepSession, *, specials: Specials,
                  cancelled: Callable[[object], bool] | None = None, compact_at: float = 0.25):
@@ -112,6 +118,7 @@ class RunningBatch:
         self.forced_at = np.zeros(0, np.int64)  # each row's next forced column
         self.free: list[int] = []
         self.rows = 0
+        self.streaming = 0  # sentences decoding whose owner wants their tokens so far
 
     @property
     def sentences(self) -> int:
@@ -123,6 +130,12 @@ class RunningBatch:
 
     def owners(self) -> list:
         return [owner for g in self.groups.values() for owner in g.owners]
+
+    def progress(self) -> list[tuple[object, list[int]]]:
+        """(owner, tokens so far) of each sentence still decoding that streams and has generated a token past
+        its forced ones (Entry.prefix, left out), with greedy search or sampling: a beam's best can change until
+        its sentence is done (step() returns it then). eos is never among them: a sentence is done at its eos."""
+        return [p for g in self.groups.values() if g.streaming for p in g.progress()]
 
     def add(self, entries: Sequence[Entry]) -> list[tuple[object, list[Hypothesis]]]:
         """Sentences join; those with a limit of 0 are done at once (returned). If the session refuses them
@@ -159,7 +172,8 @@ class RunningBatch:
             self.groups[cls, options].join(
                 [list(entries[i].source) for i in mine], [entries[i].limit for i in mine],
                 [entries[i].owner for i in mine], np.concatenate([rows[first[i] : first[i + 1]] for i in mine]),
-                [len(entries[i].prefix) for i in mine])
+                [len(entries[i].prefix) for i in mine], [entries[i].stream for i in mine])
+        self.streaming += sum(e.stream for e in entries)
         return done
 
     def force(self, entries: Sequence[Entry], counts: np.ndarray, rows: np.ndarray) -> None:
@@ -217,7 +231,9 @@ class RunningBatch:
                         origin = np.arange(self.rows)
                     origin[g.at[moving]] = g.at[local_origin[moving]]
             if not stay.all():
+                streaming = g.streaming
                 freed.append(g.leave(stay))
+                self.streaming -= streaming - g.streaming
             if not len(g):
                 g.close()
                 del self.groups[key]
@@ -265,19 +281,32 @@ def decode(session: StepSession, sources: Sequence[Sequence[int]], options: Deco
     with score 0). `limits`: each sentence's max_new_tokens (default: all max_new_tokens); `prefixes`: each
     sentence's forced tokens after the start token (Entry.prefix). One decode at a time per session
     (SessionBusy otherwise)."""
+    results: list[list[Hypothesis]] = [[] for _ in sources]
+    for finished, _ in decode_steps(session, sources, options, specials=specials, max_new_tokens=max_new_tokens,
+                                    limits=limits, group=group, prefixes=prefixes):
+        for i, hyps in finished:
+            results[i] = hyps
+    return results
+
+
+def decode_steps(session: StepSession, sources: Sequence[Sequence[int]], options: DecodeOptions, *,
+                 specials: Specials, max_new_tokens: int, limits: Sequence[int] | None = None,
+                 group: type[Group] | None = None, prefixes: Sequence[Sequence[int]] | None = None,
+                 stream: bool = False) -> Iterator[tuple[list, list]]:
+    """`decode`, one step at a time: after each step (and once before the first), the sentences done at it
+    (index, n-best hypotheses) and, if `stream`, the tokens so far of those still decoding with greedy search or
+    sampling (index, tokens: RunningBatch.progress). The session is claimed until the iterator ends or is
+    closed."""
     if not sources:
         raise BadInput("empty input: every sentence needs at least one token")
     limits = [max_new_tokens] * len(sources) if limits is None else list(limits)
-    results: list[list[Hypothesis]] = [[] for _ in sources]
+    prefixes = [()] * len(sources) if prefixes is None else prefixes
     with session.claimed():
         batch = RunningBatch(session, specials=specials)
-        prefixes = [()] * len(sources) if prefixes is None else prefixes
-        finished = batch.add([Entry(s, options, limit, i, group, prefix)
+        finished = batch.add([Entry(s, options, limit, i, group, prefix, stream)
                               for i, (s, limit, prefix) in enumerate(zip(sources, limits, prefixes))])
         while True:
-            for i, hyps in finished:
-                results[i] = hyps
+            yield finished, batch.progress() if batch.streaming else []
             if not batch.sentences:
-                return results
+                return
             finished = batch.step()
-

@@ -26,7 +26,8 @@ class Group:
     """The sentences of a running batch decoded with one DecodeOptions, `k` rows each: sentence j owns the
     batch rows at[j * k : (j + 1) * k]. Per sentence: `steps` tokens generated so far, at most `limits`, the
     first `forced` of them forced by the batch (a target-language token: RunningBatch), which hypotheses leave
-    out."""
+    out, and whether its owner `streams` (wants its tokens so far after each step: `progress`); `streaming`
+    counts those that do."""
 
     k = 1
 
@@ -39,17 +40,21 @@ class Group:
         self.steps = np.zeros(0, np.int64)
         self.limits = np.zeros(0, np.int64)
         self.forced = np.zeros(0, np.int64)
+        self.streams = np.zeros(0, bool)
+        self.streaming = 0
 
     def __len__(self) -> int:
         return len(self.owners)
 
     def join(self, sources: list[list[int]], limits: list[int], owners: list, rows: np.ndarray,
-             forced: list[int] | None = None) -> None:
+             forced: list[int] | None = None, streams: list[bool] | None = None) -> None:
         self.owners += owners
         self.at = np.concatenate([self.at, rows])
         self.steps = np.concatenate([self.steps, np.zeros(len(owners), np.int64)])
         self.limits = np.concatenate([self.limits, np.asarray(limits, np.int64)])
         self.forced = np.concatenate([self.forced, np.asarray(forced or [0] * len(owners), np.int64)])
+        self.streams = np.concatenate([self.streams, np.asarray(streams or [False] * len(owners), bool)])
+        self.streaming = int(self.streams.sum())
         self.joined(sources)
 
     def without_forced(self, j: int, hypotheses: list[Hypothesis]) -> list[Hypothesis]:
@@ -62,6 +67,8 @@ class Group:
         freed, self.at = blocks[~stay].reshape(-1), blocks[stay].reshape(-1)
         self.owners = [o for o, keep in zip(self.owners, stay) if keep]
         self.steps, self.limits, self.forced = self.steps[stay], self.limits[stay], self.forced[stay]
+        self.streams = self.streams[stay]
+        self.streaming = int(self.streams.sum())
         self.kept(stay)
         return freed
 
@@ -77,6 +84,11 @@ class Group:
     def candidates(self) -> int:
         """How many of a row's best logits a step needs: 0 if it needs them all."""
         return 0
+
+    def progress(self) -> list[tuple[object, list[int]]]:
+        """(owner, tokens so far, forced ones left out) of each sentence that streams and has generated a token
+        of its own; beam search has no tokens so far (its best hypothesis can change until it is done): none."""
+        return []
 
     def needs_logits(self, width: int) -> bool:
         """Whether a step needs the full logits, where the search outputs hold a row's `width` best."""
@@ -109,6 +121,10 @@ class Greedy(Group):
 
     def candidates(self) -> int:
         return 1
+
+    def progress(self) -> list[tuple[object, list[int]]]:
+        return [(self.owners[j], self.out[j, self.forced[j] : self.steps[j]].tolist())
+                for j in np.flatnonzero(self.streams & (self.steps > self.forced))]
 
     def pick(self, logits: np.ndarray) -> np.ndarray:
         return logits.argmax(-1)
