@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from twostep.runtime.decoding import Hypothesis
+from twostep.runtime.documents import DocumentPlan
 from twostep.runtime.tokenizer import Tokenizer
 
 
@@ -41,7 +42,39 @@ class SentenceDone:
     hypotheses: tuple[tuple[str, float], ...]
 
 
-Event = Delta | SentenceDone
+@dataclass(frozen=True)
+class TextDone:
+    """Text `text` (of a stream of documents) is done: its sentences' translations joined with its own whitespace
+    and line breaks (DocumentPlan.join), what translate(..., split=True) gives for it."""
+
+    text: int
+    translation: str
+
+
+Event = Delta | SentenceDone | TextDone
+
+
+class TextEvents:
+    """A stream of documents' sentences (DocumentPlan.sentences): `after(event)` gives TextDone for a text once
+    its last sentence is done."""
+
+    def __init__(self, plan: DocumentPlan):
+        self.plan = plan
+        self.owner = [t for t, doc in enumerate(plan.documents) for _ in doc.sentences]  # each sentence's text
+        self.first = [sum(len(d.sentences) for d in plan.documents[:t]) for t in range(len(plan.documents))]
+        self.left = [len(doc.sentences) for doc in plan.documents]
+        self.done: dict[int, str] = {}
+
+    def after(self, event: Event) -> list[TextDone]:
+        if not isinstance(event, SentenceDone):
+            return []
+        self.done[event.sentence] = event.text
+        t = self.owner[event.sentence]
+        self.left[t] -= 1
+        if self.left[t]:
+            return []
+        doc = self.plan.documents[t]
+        return [TextDone(t, doc.join([self.done.pop(self.first[t] + k) for k in range(len(doc.sentences))]))]
 
 
 class TextDeltas:

@@ -11,7 +11,7 @@ from twostep.errors import BadInput
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, Specials, StepSession, decode, decode_steps
 from twostep.runtime.decoding.options import is_int
 from twostep.runtime.documents import DocumentPlan, split_documents
-from twostep.runtime.streaming import Event, Events
+from twostep.runtime.streaming import Event, Events, TextEvents
 from twostep.runtime.tokenizer import Tokenizer
 
 
@@ -167,11 +167,19 @@ class Translator:
         return self.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 
     def stream(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
-               tgt_lang: str | None = None) -> Iterator[Event]:
+               tgt_lang: str | None = None, split: bool = False) -> Iterator[Event]:
         """translate() as it decodes: Delta and SentenceDone events (twostep.runtime.streaming), `sentence`
         indexing `texts`; each sentence's deltas concatenated are its translate() text. Greedy search and
-        sampling give deltas, beam search a SentenceDone per sentence as it finishes. The Translator is held
-        (other calls wait) until the iterator ends or is closed."""
+        sampling give deltas, beam search a SentenceDone per sentence as it finishes. `split`: each text is a
+        document (split_documents): `sentence` indexes their sentences, and a TextDone comes once a text's
+        sentences are all done. The Translator is held (other calls wait) until the iterator ends or is closed."""
+        if split:
+            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
+            texts_done = TextEvents(plan)
+            for event in self.stream(sentences, options, src_lang, tgt_lang):
+                yield event
+                yield from texts_done.after(event)
+            return
         options = self.options if options is None else options
         ids = self.encode(texts, src_lang, tgt_lang)
         prefix = self.prefix(tgt_lang)

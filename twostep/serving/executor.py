@@ -13,6 +13,7 @@ Imports no web framework: `twostep.serving.http` and `twostep.serving.ray_app` s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -21,7 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from twostep.errors import BadInput, TooLarge
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, StepSession
 from twostep.runtime.documents import DocumentPlan
-from twostep.runtime.streaming import Event, Events
+from twostep.runtime.streaming import Event, Events, TextEvents
 from twostep.runtime.tokenizer import Tokenizer
 from twostep.runtime.translator import Limits, Translator
 from twostep.serving.engine import BatchingEngine, Metrics, OnSentence, OnTokens
@@ -157,14 +158,13 @@ class BatchingTranslator:
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.translator.nbest_texts(await self.decode_ids_async(ids, options, tgt_lang))
 
-    def submit_stream(self, texts: Sequence[str], options: DecodeOptions | None, src_lang: str | None,
+    def submit_stream(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None,
                       tgt_lang: str | None, put: Callable[[tuple | None], None]) -> tuple[Future, Events]:
-        """Queue texts whose decode reports to `put` (in the worker thread): ("tokens" | "done", index, tokens or
-        hypotheses), then None once the request is answered, failed or cancelled."""
+        """Queue token ids whose decode reports to `put` (in the worker thread): ("tokens" | "done", index, tokens
+        or hypotheses), then None once the request is answered, failed or cancelled. Raises as submit_ids."""
         options = self.translator.options if options is None else options
-        ids = self.encode(texts, src_lang, tgt_lang)
         events = Events(self.tokenizer, deltas=options.beam_size == 1)
-        future = self.submit_ids(ids, options, tgt_lang,
+        future = self.submit_ids(sources, options, tgt_lang,
                                  on_tokens=(lambda i, tokens: put(("tokens", i, tokens))) if events.deltas else None,
                                  on_sentence=lambda i, hyps: put(("done", i, hyps)))
         future.add_done_callback(lambda _: put(None))
@@ -175,37 +175,66 @@ class BatchingTranslator:
         kind, sentence, value = item
         return events.tokens(sentence, value) if kind == "tokens" else events.done(sentence, value)
 
+    def sentences(self, texts: Sequence[str], src_lang: str | None, tgt_lang: str | None,
+                  split: bool) -> tuple[list[list[int]], TextEvents | None]:
+        """The source ids a stream decodes; with `split`, of each text's sentences, and what adds TextDone."""
+        if not split:
+            return self.encode(texts, src_lang, tgt_lang), None
+        sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
+        return self.encode(sentences, src_lang, tgt_lang), TextEvents(plan)
+
     def stream(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
-               tgt_lang: str | None = None) -> Iterator[Event]:
-        """translate() as it decodes, as Translator.stream: Delta and SentenceDone events (runtime.streaming).
-        Its sentences share the running batch with every other request. Closing the iterator before its end
-        (or leaving a for loop over it) cancels the request: its rows leave the batch. Raises what the request
+               tgt_lang: str | None = None, split: bool = False) -> Iterator[Event]:
+        """translate() as it decodes, as Translator.stream: Delta and SentenceDone events (runtime.streaming);
+        with `split`, of each text's sentences, and a TextDone once a text's sentences are all done. Its
+        sentences share the running batch with every other request. Closing the iterator before its end (or
+        leaving a for loop over it) cancels the request: its rows leave the batch. Raises what the request
         fails with."""
+        ids, texts_done = self.sentences(texts, src_lang, tgt_lang, split)
         items: queue.SimpleQueue = queue.SimpleQueue()
-        future, events = self.submit_stream(texts, options, src_lang, tgt_lang, items.put)
+        future, events = self.submit_stream(ids, options, tgt_lang, items.put)
         try:
             while (item := items.get()) is not None:
-                yield from self.events(events, item)
+                for event in self.events(events, item):
+                    yield event
+                    yield from texts_done.after(event) if texts_done else ()
             future.result()
         finally:
             future.cancel()
 
-    async def stream_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
-                           src_lang: str | None = None, tgt_lang: str | None = None) -> AsyncIterator[Event]:
-        """stream() for coroutines: the worker hands each report to the event loop (call_soon_threadsafe). The
-        request is cancelled, its rows leaving the batch, once the consumer is cancelled or closes the
-        generator (aclose(); contextlib.aclosing around an `async for` that may stop early)."""
+    def stream_ids_async(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
+                         tgt_lang: str | None = None, texts_done: TextEvents | None = None) -> AsyncIterator[Event]:
+        """Queue token ids now (raising as submit_ids: a refusal comes before any event) and give their events
+        as they decode, to coroutines (the worker hands each report to the event loop: call_soon_threadsafe);
+        `texts_done`: TextDone events too. The request is cancelled, its rows leaving the batch, once the
+        consumer is cancelled or closes the generator (aclose(); contextlib.aclosing around an `async for` that
+        may stop early)."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
-        future, events = self.submit_stream(texts, options, src_lang, tgt_lang,
+        future, events = self.submit_stream(sources, options, tgt_lang,
                                             lambda item: loop.call_soon_threadsafe(items.put_nowait, item))
-        try:
-            while (item := await items.get()) is not None:
-                for event in self.events(events, item):
-                    yield event
-            future.result()
-        finally:
-            future.cancel()
+
+        async def stream() -> AsyncIterator[Event]:
+            try:
+                while (item := await items.get()) is not None:
+                    for event in self.events(events, item):
+                        yield event
+                        for done in texts_done.after(event) if texts_done else ():
+                            yield done
+                future.result()
+            finally:
+                future.cancel()
+
+        return stream()
+
+    async def stream_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
+                           src_lang: str | None = None, tgt_lang: str | None = None,
+                           split: bool = False) -> AsyncIterator[Event]:
+        """stream() for coroutines (stream_ids_async)."""
+        ids, texts_done = self.sentences(texts, src_lang, tgt_lang, split)
+        async with contextlib.aclosing(self.stream_ids_async(ids, options, tgt_lang, texts_done)) as events:
+            async for event in events:
+                yield event
 
     def start(self) -> BatchingTranslator:
         """Start the engine's worker (once: again does nothing)."""

@@ -1,6 +1,7 @@
 """twostep's own API:
 
-    POST /v1/translate   {"text": [...]} or {"ids": [[...], ...]}, with decoding options -> hypotheses
+    POST /v1/translate   {"text": [...]} or {"ids": [[...], ...]}, with decoding options -> hypotheses;
+                         with "stream": true, server-sent events as the translations decode (`events`)
     GET  /v1/languages   the model's language codes, their standard tags and names, each source's targets
 
 Bad JSON or fields: 400 {"error": ...}; too many sentences or characters, or too much work: 413; queue full or
@@ -10,16 +11,22 @@ shutting down: 503 with Retry-After; a client gone before its answer: its rows l
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
 from typing import Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse
 
 from twostep.artifact.tokenizer import Languages, MissingLanguage
 from twostep.errors import TwostepError
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.documents import DocumentPlan
+from twostep.runtime.streaming import Delta, Event, SentenceDone, TextDone, TextEvents
 from twostep.serving.service import V1_REFUSED, NotReady, Service, described, error, until_disconnected
 
 
@@ -30,6 +37,8 @@ class TranslateRequest(BaseModel):
     text: Optional[list[str]] = Field(None, description="Texts to translate: each a document, split into sentences "
                                       "(unless split is false), or a sentence.")
     ids: Optional[list[list[int]]] = Field(None, description="Token ids instead of text, each ending with eos.")
+    stream: bool = Field(False, description="Answer with server-sent events (text/event-stream) as the sentences "
+                         "decode: delta (greedy, sampling), sentence, text, then end (or error).")
     split: bool = Field(True, description="Split each text into sentences, translate them as rows of the batch and "
                         "join them with the text's own whitespace and line breaks; false: each text is one sentence.")
     beam: int = Field(1, description="Beam size; 1 is greedy.")
@@ -106,6 +115,41 @@ def language_list(languages: Languages | None) -> dict:
             "default_source": languages.default_source, "default_target": languages.default_target}
 
 
+async def events(stream: AsyncIterator[Event], plan: DocumentPlan, service: Service) -> AsyncIterator[dict]:
+    """A stream's server-sent events, each's data a JSON object (`text`: the text's index in the request,
+    `sentence`: the sentence's in its text): `delta` {text, sentence, delta} as a sentence's translation grows
+    (greedy search and sampling: its deltas joined are its translation); `sentence` {text, sentence,
+    translation, score, hypotheses} once it is done; `text` {text, translation} once a text's sentences are all
+    done, joined with its whitespace; `end` {} last; or `error` {error} if decoding fails. A client that goes away
+    has the stream closed and its rows dropped."""
+    where = [(t, j) for t, doc in enumerate(plan.documents) for j in range(len(doc.sentences))]
+    started, first = time.perf_counter(), True
+    async with contextlib.aclosing(stream):
+        try:
+            async for event in stream:
+                if first:
+                    service.metrics.first_event.observe(time.perf_counter() - started)
+                    first = False
+                if isinstance(event, Delta):
+                    t, j = where[event.sentence]
+                    yield sse("delta", {"text": t, "sentence": j, "delta": event.text})
+                elif isinstance(event, SentenceDone):
+                    t, j = where[event.sentence]
+                    yield sse("sentence", {"text": t, "sentence": j, "translation": event.text,
+                                           "score": event.hypotheses[0][1] if event.hypotheses else 0.0,
+                                           "hypotheses": [{"text": h, "score": s} for h, s in event.hypotheses]})
+                elif isinstance(event, TextDone):
+                    yield sse("text", {"text": event.text, "translation": event.translation})
+        except TwostepError as exc:  # raised while decoding: an engine profile's limit, say
+            yield sse("error", {"error": str(exc)})
+            return
+    yield sse("end", {})
+
+
+def sse(event: str, data: dict) -> dict:
+    return {"event": event, "data": json.dumps(data, ensure_ascii=False)}
+
+
 def router(service: Service) -> APIRouter:
     routes = APIRouter(prefix="/v1", tags=["twostep"])
 
@@ -123,6 +167,12 @@ def router(service: Service) -> APIRouter:
             else:
                 service.check_size(body.ids, "token ids")
                 sources = body.ids
+            if body.stream:
+                if body.text is None:
+                    return error(400, "bad request: stream takes text, not ids")
+                service.check_sentences(len(sources))
+                stream = translator.stream_ids_async(sources, options, body.tgt_lang, TextEvents(plan))
+                return EventSourceResponse(events(stream, plan, service), ping=15, shutdown_grace_period=55)
             future = service.submit(sources, options, body.tgt_lang)
         except MissingLanguage as exc:  # named as the request's field, not the CLI's option
             return error(400, exc.worded(MissingLanguage.FIELDS[exc.side]))
