@@ -380,14 +380,18 @@ def serve_cmd(
     max_beam: int = typer.Option(BatchLimits.max_beam, help=BatchLimits.doc("max_beam")),
     max_new_tokens: Optional[int] = typer.Option(BatchLimits.max_new_tokens, help=BatchLimits.doc("max_new_tokens")),
     max_request_work: int = typer.Option(BatchLimits.max_request_work, help=BatchLimits.doc("max_request_work")),
-    max_sentences: int = typer.Option(64, min=1, help="Sentences per request; beyond it 413."),
+    max_sentences: int = typer.Option(64, min=1, help="Sentences per request, once its documents are split; beyond "
+                                      "it 413 (LibreTranslate's API: 400)."),
+    max_chars: int = typer.Option(20_000, min=1, help="Characters per request, all its texts together; beyond it 413 "
+                                  "(LibreTranslate's API: 400)."),
     threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads of the model (default: the library's)."),
     shutdown_delay: float = typer.Option(0, min=0, help="On SIGTERM, seconds that /readyz answers 503 while "
                                          "requests are still answered (for load balancers to stop sending), before "
                                          "the listener closes; a second SIGTERM or Ctrl-C ends them. Not with --ray."),
-    api_key_file: Optional[Path] = typer.Option(None, help="Require Authorization: Bearer KEY on /v1/translate, KEY "
-                                                "a line of this file (blank lines and # comments ignored); keys also "
-                                                "from TWOSTEP_API_KEYS, separated by commas."),
+    api_key_file: Optional[Path] = typer.Option(None, help="Require Authorization: Bearer KEY (LibreTranslate's "
+                                                "/translate: or api_key) on the APIs, KEY a line of this file (blank "
+                                                "lines and # comments ignored); keys also from TWOSTEP_API_KEYS, "
+                                                "separated by commas."),
     protect_metrics: bool = typer.Option(False, "--protect-metrics", help="/metrics needs an API key too."),
     ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep\\[ray]')."),
     address: Optional[str] = typer.Option(None, help="--ray: join this Ray cluster (ray start --head) instead "
@@ -402,7 +406,8 @@ def serve_cmd(
                                                               "gets to answer them before it is killed (Ray Serve's "
                                                               "graceful_shutdown_timeout_s, default 20)."),
 ) -> None:
-    """Serve translations over HTTP: POST /v1/translate, /healthz, /readyz, /metrics (Prometheus)."""
+    """Serve translations over HTTP: twostep's API (POST /v1/translate: documents, streams; GET /v1/languages),
+    LibreTranslate's (POST /translate, GET /languages), /healthz, /readyz, /metrics (Prometheus)."""
     try:
         from twostep.serving.http import ServeConfig, read_api_keys
     except ImportError as exc:
@@ -415,7 +420,8 @@ def serve_cmd(
                          express_share=express_share, max_beam=max_beam, max_new_tokens=max_new_tokens,
                          max_request_work=max_request_work)
     config = ServeConfig(str(model_dir.resolve()), backend, threads, limits, max_sentences=max_sentences,
-                         api_key_digests=read_api_keys(api_key_file), protect_metrics=protect_metrics)
+                         max_chars=max_chars, api_key_digests=read_api_keys(api_key_file),
+                         protect_metrics=protect_metrics)
     if not ray:
         from twostep.serving.http import serve
 
