@@ -235,8 +235,42 @@ def test_pretrained_families_translate_per_request_languages_as_transformers_doe
         bad = post(url, {"text": ["hello"], "tgt_lang": "xx", **({"src_lang": pretrained.langs["src_lang"]} if
                                                                   "src_lang" in pretrained.langs else {})})
         assert bad.status_code == 400 and "unknown target language 'xx'" in bad.json()["error"]
+        clients_agree(url, pretrained)
         if pretrained.other_target:  # a forced target language, none given: the error names the request's field
             missing = post(url, {"text": ["hello"], "src_lang": pretrained.langs["src_lang"]})
             assert missing.status_code == 400, missing.text
             assert "needs a target language: tgt_lang one of" in missing.json()["error"]
             assert "--tgt-lang" not in missing.json()["error"]
+
+
+def clients_agree(url: str, pretrained) -> None:
+    """The other clients of the same server: an SSE client's streamed deltas join to transformers' translation of
+    every sentence; LibreTranslate's client, with standard codes, gets it too, and lists the languages."""
+    import json
+
+    import hf_models
+    from conftest import NEW_TOKENS
+
+    httpx_sse = pytest.importorskip("httpx_sse", reason="the SSE client (pip install -e '.[dev]')")
+    libretranslatepy = pytest.importorskip("libretranslatepy", reason="LibreTranslate's client (pip install '.[dev]')")
+    body = {"text": hf_models.TEST_SENTENCES, "max_new_tokens": NEW_TOKENS, "split": False, "stream": True,
+            **pretrained.langs}
+    deltas: dict[int, str] = {}
+    with httpx.Client(timeout=60) as client, \
+            httpx_sse.connect_sse(client, "POST", f"{url}/v1/translate", json=body) as source:
+        for event in source.iter_sse():
+            if event.event == "delta":
+                data = json.loads(event.data)
+                deltas[data["text"]] = deltas.get(data["text"], "") + data["delta"]
+    assert [deltas.get(i, "") for i in range(len(hf_models.TEST_SENTENCES))] == pretrained.greedy[1]
+    if "tgt_lang" not in pretrained.langs:
+        return
+    client = libretranslatepy.LibreTranslateAPI(url)
+    assert client.translate(hf_models.TEST_SENTENCES[0], "en", "fr") == pretrained.greedy[1][0].strip()
+    listed = {language["code"]: language for language in client.languages()}
+    if "src_lang" in pretrained.langs:
+        assert listed["en"]["name"] == "English" and "fr" in listed["en"]["targets"]
+        auto = httpx.post(f"{url}/translate", json={"q": "hello", "source": "auto", "target": "fr"}, timeout=60)
+        assert auto.status_code == 400 and "needs a language detector" in auto.json()["error"]
+    else:  # a Marian model of target tokens takes any source text: it lists no sources
+        assert listed == {}
