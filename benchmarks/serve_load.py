@@ -2,6 +2,8 @@
 
     python -m benchmarks.serve_load [--work DIR] [--presets demo,base] [--concurrency 1,8,32,64]
                                     [--requests 96] [--markdown FILE]
+    python -m benchmarks.serve_load --scenario clients [--clients 32] [--requests 96] [--stream-tokens 48]
+                                    [--document-sentences 20] [--repeats 10] [--markdown FILE]
     python -m benchmarks.serve_load --scenario mixed [--presets demo,base] [--decoders plain,inplace]
                                     [--modes static,inflight,express] [--express-tokens 9]
                                     [--mixed-requests 256] [--rounds 2] [--threads 2] [--backend ort-cuda]
@@ -16,6 +18,13 @@ Per preset (the bundled demo model; the paper's base model with random weights, 
 4. mixed lengths: sources of 5-60 tokens, each decoding 2 x its length + 16 tokens: short (<= 20 source
    tokens) and long (>= 40) sentences' latency, unloaded (1 client) and loaded (32 clients);
 5. overload: twice the largest concurrency against a queue of half of it: 503s, errors, lost requests.
+
+`--scenario clients` measures what the clients of documents and streams see, on the demo model's sentences (each
+decoding `--stream-tokens` tokens, eos suppressed, so that an answer takes long enough to stream): time to the
+first streamed delta against time to the whole answer, streamed and not, at `--clients` closed-loop clients
+(32); and a document of `--document-sentences` (20) sentences as one request (split by the server) against the
+same sentences as that many requests sent at once, and one after another, on an otherwise idle server
+(median of `--repeats`).
 
 `--scenario mixed` runs only the batching comparison: one server per mode of `--modes` (static: `twostep serve
 --batching static`; inflight: `--batching inflight`; express: in flight with `--express-tokens`, by default
@@ -304,6 +313,105 @@ def mixed_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+async def timed(session: aiohttp.ClientSession, body: dict) -> tuple[float, float]:
+    """One request's (seconds to its first streamed delta, seconds to its end): both the same unstreamed."""
+    t0 = time.perf_counter()
+    first = None
+    async with session.post("/v1/translate", json=body) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{r.status}: {await r.text()}")
+        if not body.get("stream"):
+            await r.read()
+        else:
+            async for line in r.content:
+                if first is None and line.startswith(b"event: delta"):
+                    first = time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    return (total if first is None else first), total
+
+
+async def clients_loop(url: str, bodies: list[dict], clients: int) -> tuple[list[tuple[float, float]], float]:
+    """`clients` closed-loop workers over `bodies`: each request's (first, total) seconds, and the wall time."""
+    queue, out = list(reversed(bodies)), []
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=clients), timeout=timeout) as session:
+        async def worker():
+            while queue:
+                out.append(await timed(session, queue.pop()))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        return out, time.perf_counter() - started
+
+
+async def document_ways(url: str, sentences: list[str], repeats: int) -> dict:
+    """Wall seconds of each way to translate `sentences` (median of `repeats`): one document request, one request
+    a sentence all at once, one request a sentence one after another."""
+    document = " ".join(sentences)
+    ways: dict[str, list[float]] = {"one document request": [], "a request a sentence, all at once": [],
+                                    "a request a sentence, one after another": []}
+    async with aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=300)) as session:
+        async def ask(texts, split=True):
+            async with session.post("/v1/translate", json={"text": texts, "split": split}) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
+
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            got = await ask([document])
+            assert len(got["translations"][0][0]["sentences"]) == len(sentences), "the server split it otherwise"
+            t1 = time.perf_counter()
+            await asyncio.gather(*(ask([s], False) for s in sentences))
+            t2 = time.perf_counter()
+            for s in sentences:
+                await ask([s], False)
+            t3 = time.perf_counter()
+            for way, seconds in zip(ways, (t1 - t0, t2 - t1, t3 - t2)):
+                ways[way].append(seconds)
+    return {way: float(np.median(seconds)) for way, seconds in ways.items()}
+
+
+def clients_scenario(art: Path, clients: int, n: int, stream_tokens: int, document_sentences: int, repeats: int,
+                     max_wait_ms: float) -> dict:
+    from twostep.model.tasks import get_task
+
+    sources = [s for s, _ in get_task("numbers-en-de").split("test")]
+    body = {"max_new_tokens": stream_tokens, "suppress_eos": True, "split": False}
+    report: dict = {"clients": clients, "requests": n, "tokens": stream_tokens}
+    with Server(art, "--max-queue", 4096, "--max-batch-rows", 64, "--max-wait-ms", max_wait_ms) as server:
+        asyncio.run(clients_loop(server.url, [{"text": [s], **body} for s in sources[:8]], 4))  # warm up
+        for label, stream in (("whole answer", False), ("streamed", True)):
+            bodies = [{"text": [sources[i % len(sources)]], **body, "stream": stream} for i in range(n)]
+            times, wall = asyncio.run(clients_loop(server.url, bodies, clients))
+            first, total = (np.array(x) * 1000 for x in zip(*times))
+            report[label] = {"first_p50_ms": float(np.percentile(first, 50)),
+                             "first_p95_ms": float(np.percentile(first, 95)),
+                             "total_p50_ms": float(np.percentile(total, 50)),
+                             "total_p95_ms": float(np.percentile(total, 95)), "requests_per_s": n / wall}
+            console.print(f"{label}: {report[label]}")
+        sentences = [s.rstrip(".") + "." for s in sources[:document_sentences]]
+        report["document"] = asyncio.run(document_ways(server.url, sentences, repeats))
+        console.print(f"document: {report['document']}")
+    return report
+
+
+def clients_markdown(report: dict) -> str:
+    r = report["clients_scenario"]
+    lines = [f"{r['clients']} closed-loop clients, {r['requests']} requests of one sentence decoding {r['tokens']} "
+             f"tokens each ({report['machine']}):", "",
+             "| answer | first text p50 ms | p95 | whole answer p50 ms | p95 | requests/s |",
+             "|---|---|---|---|---|---|"]
+    for label in ("whole answer", "streamed"):
+        x = r[label]
+        lines.append(f"| {label} | {x['first_p50_ms']:.0f} | {x['first_p95_ms']:.0f} | {x['total_p50_ms']:.0f} | "
+                     f"{x['total_p95_ms']:.0f} | {x['requests_per_s']:.1f} |")
+    one = r["document"]["one document request"]
+    lines += ["", "| a document of sentences, on an idle server | median ms | vs one document request |",
+              "|---|---|---|"]
+    lines += [f"| {way} | {seconds * 1000:.0f} | {seconds / one:.2f}x |" for way, seconds in r["document"].items()]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=Path("/tmp/twostep-serve-load"))
@@ -313,8 +421,13 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="The server's --max-wait-ms.")
     parser.add_argument("--skip-baselines", action="store_true", help="Only the server (no offline bench, no API).")
     parser.add_argument("--markdown", type=Path)
-    parser.add_argument("--scenario", choices=("all", "mixed"), default="all",
-                        help="mixed: only static vs in-flight batching on mixed lengths.")
+    parser.add_argument("--scenario", choices=("all", "mixed", "clients"), default="all",
+                        help="mixed: only static vs in-flight batching on mixed lengths; clients: streams and "
+                        "documents (the demo model).")
+    parser.add_argument("--clients", type=int, default=32, help="--scenario clients: closed-loop clients.")
+    parser.add_argument("--stream-tokens", type=int, default=48, help="--scenario clients: tokens each decodes.")
+    parser.add_argument("--document-sentences", type=int, default=20, help="--scenario clients: a document's.")
+    parser.add_argument("--repeats", type=int, default=10, help="--scenario clients: document timings' runs.")
     parser.add_argument("--mixed-requests", type=int, default=256, help="--scenario mixed: requests per run.")
     parser.add_argument("--rounds", type=int, default=2, help="--scenario mixed: runs of each mode, alternating.")
     parser.add_argument("--backend", help="--scenario mixed: the server's --backend (default ort-cpu), e.g. ort-cuda.")
@@ -330,6 +443,15 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     levels = [int(x) for x in args.concurrency.split(",")]
     report = {"machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}"}
+    if args.scenario == "clients":
+        report["clients_scenario"] = clients_scenario(prepare(args.work, "demo"), args.clients, args.requests,
+                                                      args.stream_tokens, args.document_sentences, args.repeats,
+                                                      args.max_wait_ms)
+        print(json.dumps(report, indent=1))
+        if args.markdown:
+            args.markdown.write_text(clients_markdown(report))
+        console.print(clients_markdown(report))
+        return
     if args.scenario == "mixed":
         if args.modes.split(",")[0] != "static" or not set(args.modes.split(",")) <= set(MODES):
             parser.error(f"--modes: static first, then any of {', '.join(MODES)}; got {args.modes}")

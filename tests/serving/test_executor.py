@@ -580,7 +580,7 @@ def test_streams_and_plain_requests_share_the_batch_and_get_translate_s_text(dem
     for (text, done, events), start in zip(streams, (3, 9)):
         assert [text.get(i, "") for i in range(3)] == want[start : start + 3]
         assert [done[i].text for i in range(3)] == want[start : start + 3]
-        assert sum(isinstance(e, Delta) for e in events) > 6
+        assert {e.sentence for e in events if isinstance(e, Delta)} == {0, 1, 2}  # (a consumer behind gets them merged)
     assert max(session.rows) > 3  # requests decoded side by side
 
 

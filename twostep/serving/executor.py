@@ -171,9 +171,25 @@ class BatchingTranslator:
         return future, events
 
     @staticmethod
-    def events(events: Events, item: tuple) -> list[Event]:
-        kind, sentence, value = item
-        return events.tokens(sentence, value) if kind == "tokens" else events.done(sentence, value)
+    def events(events: Events, items: list[tuple | None]) -> list[Event]:
+        """The events of the reports that came since the last look (a None ends them), the tokens of a sentence
+        that reported several steps read once, at its latest (and not at all if it finished meanwhile: its
+        SentenceDone gives the rest of its text): a consumer that falls behind catches up in fewer, larger
+        deltas instead of one event per step."""
+        out: list[Event] = []
+        latest: dict[int, Sequence[int]] = {}
+        for item in items:
+            if item is None:
+                break
+            kind, sentence, value = item
+            if kind == "tokens":
+                latest[sentence] = value
+            else:
+                latest.pop(sentence, None)
+                out += events.done(sentence, value)
+        for sentence, tokens in latest.items():
+            out += events.tokens(sentence, tokens)
+        return out
 
     def sentences(self, texts: Sequence[str], src_lang: str | None, tgt_lang: str | None,
                   split: bool) -> tuple[list[list[int]], TextEvents | None]:
@@ -194,10 +210,15 @@ class BatchingTranslator:
         items: queue.SimpleQueue = queue.SimpleQueue()
         future, events = self.submit_stream(ids, options, tgt_lang, items.put)
         try:
-            while (item := items.get()) is not None:
-                for event in self.events(events, item):
+            while True:
+                came = [items.get()]
+                while came[-1] is not None and not items.empty():
+                    came.append(items.get())
+                for event in self.events(events, came):
                     yield event
                     yield from texts_done.after(event) if texts_done else ()
+                if came[-1] is None:
+                    break
             future.result()
         finally:
             future.cancel()
@@ -216,11 +237,16 @@ class BatchingTranslator:
 
         async def stream() -> AsyncIterator[Event]:
             try:
-                while (item := await items.get()) is not None:
-                    for event in self.events(events, item):
+                while True:
+                    came = [await items.get()]
+                    while came[-1] is not None and not items.empty():
+                        came.append(items.get_nowait())
+                    for event in self.events(events, came):
                         yield event
                         for done in texts_done.after(event) if texts_done else ():
                             yield done
+                    if came[-1] is None:
+                        break
                 future.result()
             finally:
                 future.cancel()
