@@ -154,3 +154,28 @@ def test_beam_search_streams_each_sentence_when_it_is_done_and_no_deltas(demo, t
     assert [done[i].text for i in range(len(texts))] == [w[0][0] for w in want]
     order = [e.sentence for e in events]
     assert order != sorted(order)  # in the order they finish, not the input's
+
+
+def test_the_running_batch_reports_only_streaming_sentences_and_stops_counting_them_as_they_leave(demo, texts):
+    """RunningBatch.progress: the tokens so far of the sentences that joined with `stream`, prefixes of their
+    final tokens without eos or a forced prefix (sentence 4's); `streaming` counts them down to 0 as they finish
+    (then a step asks nothing)."""
+    from twostep.runtime.decoding import Entry, RunningBatch
+
+    ids = demo.encode(texts[:4])
+    batch = RunningBatch(demo.session, specials=demo.limits.specials)
+    seen: dict[int, list[list[int]]] = {}
+    final = {}
+    with demo.session.claimed():
+        batch.add([Entry(s, DecodeOptions(), 40, i, stream=i % 2 == 0) for i, s in enumerate(ids)]
+                  + [Entry(ids[0], DecodeOptions(), 40, 4, prefix=(7, 8), stream=True)])
+        while batch.sentences:
+            final.update(batch.step())
+            assert batch.streaming == sum(owner % 2 == 0 for owner in batch.owners())
+            for owner, tokens in batch.progress():
+                seen.setdefault(owner, []).append(tokens)
+    assert batch.streaming == 0 and set(seen) == {0, 2, 4}
+    for owner, reports in seen.items():
+        whole = final[owner][0].tokens
+        assert reports == [whole[:n] for n in range(1, len(whole) + 1)][: len(reports)]
+        assert len(reports) == len(whole)  # one a step, the last before eos

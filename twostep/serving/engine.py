@@ -32,6 +32,10 @@ Each sentence decodes as if alone: its own max_new_tokens (2 x its length + 16, 
 seeded per sentence, and rows computed without regard to their neighbours, so outputs do not depend on what
 else shares the batch, or on when a sentence joined it.
 
+A request may stream: `submit(..., on_tokens=, on_sentence=)` hears, in the worker thread, each greedy or
+sampling sentence's tokens so far after every step (RunningBatch.progress; asked only while a sentence that
+streams decodes) and each sentence as it is done. A callback that raises fails its own request only.
+
 Imports no web framework: `twostep.serving.http` and `twostep.serving.ray_app` serve it.
 """
 

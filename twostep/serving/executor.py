@@ -5,7 +5,8 @@ plain `Translator` (text to token ids and back, each request's checks, in the ca
 fails alone, before it is queued, as does one beyond BatchLimits' admission limits: `admit`) composed with a
 `BatchingEngine` (twostep.serving.engine: the queue, the lanes and the worker that decodes in running batches,
 in flight or static, as BatchLimits say). Each sentence decodes as if alone, so outputs do not depend on what
-else shares a batch, or on when a sentence joined it.
+else shares a batch, or on when a sentence joined it. `stream` and `stream_async` give a request's text as it
+decodes (twostep.runtime.streaming's events); a consumer that stops cancels its request.
 
 Imports no web framework: `twostep.serving.http` and `twostep.serving.ray_app` serve it.
 """
