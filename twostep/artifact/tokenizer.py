@@ -21,7 +21,8 @@
                                  the source pieces, decoder: ids forced on the decoder after its start id}};
                                  default_source, default_target: the codes used when a request names none;
                                  a request may name a language by the model's code or a standard one
-                                 (standard_matches)
+                                 (standard_matches); aliases (optional): {standard code, normalized: the model
+                                 codes it means} (standard_aliases), written for consumers without langcodes
 
 A source sentence is languages.source[src] + languages.target[tgt].source + pieces + source_suffix; the decoder
 starts from the model's start id (model.decoder_start_id, else bos) followed by languages.target[tgt].decoder.
@@ -102,6 +103,88 @@ def _standard_matches(code: str, known: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(own for own, distance in near.items() if distance == best))
 
 
+# Regions typed often with a language (en-GB, pt-PT, es-MX, zh-SG): tried where a model has several codes of one
+# language, whose distances a region may tip. Where it has one, only the regions that change the script matter
+# (zh-TW: Hant), which langcodes' likely subtags list.
+COMMON_REGIONS = ("US", "GB", "AU", "CA", "IN", "IE", "FR", "BE", "CH", "DE", "AT", "ES", "MX", "AR", "CO", "419",
+                  "BR", "PT", "AO", "CN", "TW", "HK", "MO", "SG", "EG", "MA", "SA", "RS", "BA", "ME")
+
+
+def normalized(code: str) -> str:
+    """A code as the manifest's aliases key it: lowercase, '-' between subtags (cpp/src/manifest.cpp alike)."""
+    return code.lower().replace("_", "-")
+
+
+def region_dropped(key: str) -> str | None:
+    """A normalized tag without its last subtag where that is a region (2 letters or 3 digits after the language
+    and script): fr-ca -> fr, zh-hant-tw -> zh-hant; None where it has none."""
+    head, _, last = key.rpartition("-")
+    region = (len(last) == 2 and last.isalpha()) or (len(last) == 3 and last.isdigit())
+    return head if head and region else None
+
+
+def language_forms(language: str) -> set[str]:
+    """A language subtag and its ISO 639-3 (639-2/T) and 639-2/B codes: fr, fra, fre."""
+    import langcodes
+
+    forms = {language}
+    for variant in ("T", "B"):
+        try:
+            forms.add(langcodes.Language.get(language).to_alpha3(variant=variant))
+        except (LookupError, ValueError):
+            pass
+    return forms
+
+
+def standard_aliases(codes: Iterable[str]) -> dict[str, list[str]]:
+    """The standard codes that mean a model's codes, for consumers without langcodes (the C++ library): {normalized
+    code: the model codes standard_matches gives}, several: ambiguous. Tried for each code: its BCP-47 tag
+    (model_tag), its language's ISO 639-1, 639-3 and 639-2/B codes (and those of its macrolanguage and of the
+    members langcodes reads as it: ar for arb, cmn for zh), each alone and with the code's script, and
+    region tags (the code's own, its language's likely-subtag regions, COMMON_REGIONS where the model has several
+    codes of the language). A region tag is written only where it means other codes than the same tag without the
+    region (zh-tw: zho_Hant where zh is zho_Hans; uz-af: [] where uz is uzn_Latn, an Arabic-script region), so
+    that a consumer drops an unlisted region and looks again; other keys only where they mean some code."""
+    import langcodes
+    from langcodes.data_dicts import LIKELY_SUBTAGS, MACROLANGUAGES, NORMALIZED_MACROLANGUAGES
+
+    known = sorted(set(codes))
+    parsed = {}
+    for own in known:
+        try:
+            parsed[own] = langcodes.Language.get(model_tag(own))
+        except ValueError:
+            continue
+    per_language: dict[str, int] = {}
+    for lang in parsed.values():
+        per_language[lang.language] = per_language.get(lang.language, 0) + 1
+    plain: set[str] = set()
+    regional: set[tuple[str, str]] = set()  # (language form, region)
+    for own, lang in parsed.items():
+        related = {lang.language, own.replace("-", "_").split("_")[0], MACROLANGUAGES.get(lang.language)}
+        related |= {member for member, macro in NORMALIZED_MACROLANGUAGES.items() if macro == lang.language}
+        forms = {form for language in related - {None} for form in language_forms(language)}
+        scripts = {lang.script, lang.maximize().script} - {None}
+        plain |= {normalized(own), normalized(str(lang))}
+        plain |= forms | {f"{form}-{script}" for form in forms for script in scripts}
+        regions = {lang.territory} if lang.territory else set()
+        regions |= {key.split("-")[1] for key in LIKELY_SUBTAGS if key.startswith(f"{lang.language}-")
+                    and region_dropped(key.lower()) == lang.language}
+        if per_language[lang.language] > 1:
+            regions |= set(COMMON_REGIONS)
+        regional |= {(form, region) for form in forms for region in regions}
+    out = {}
+    for key in sorted(normalized(c) for c in plain):
+        if matches := standard_matches(key, known):
+            out[key] = matches
+    for form, region in sorted(regional):
+        key = normalized(f"{form}-{region}")
+        matches = standard_matches(key, known)
+        if matches != out.get(region_dropped(key), standard_matches(region_dropped(key), known)):
+            out[key] = matches
+    return out
+
+
 @dataclass(frozen=True)
 class TargetLanguage:
     source: Ids = ()  # before the source pieces (Marian's >>fra<<)
@@ -140,9 +223,12 @@ class Languages:
         return code
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": {c: list(ids) for c, ids in self.source.items()},
-                "target": {c: {"source": list(t.source), "decoder": list(t.decoder)} for c, t in self.target.items()},
-                "default_source": self.default_source, "default_target": self.default_target}
+        out = {"source": {c: list(ids) for c, ids in self.source.items()},
+               "target": {c: {"source": list(t.source), "decoder": list(t.decoder)} for c, t in self.target.items()},
+               "default_source": self.default_source, "default_target": self.default_target}
+        if codes := {*self.source, *self.target}:  # for consumers without langcodes; Python asks standard_matches
+            out["aliases"] = standard_aliases(codes)
+        return out
 
 
 @dataclass(frozen=True)
@@ -222,6 +308,11 @@ class TokenizerSpec:
             target[code] = TargetLanguage(ids(entry.get("source", []), f"languages.target.{code}.source"),
                                           ids(entry.get("decoder", []), f"languages.target.{code}.decoder", 1))
         source = {code: ids(v, f"languages.source.{code}") for code, v in langs.get("source", {}).items()}
+        # optional (older artifacts have none); Python does not read it: standard_matches gives the same
+        aliases = langs.get("aliases", {})
+        if not isinstance(aliases, dict) or not all(isinstance(v, list) and all(
+                isinstance(c, str) and (c in source or c in target) for c in v) for v in aliases.values()):
+            raise bad("languages.aliases must map codes to lists of the model's codes")
         defaults = [langs.get("default_source"), langs.get("default_target")]
         for d, known in zip(defaults, (source, target)):
             if d is not None and (not isinstance(d, str) or d not in known):
