@@ -294,15 +294,20 @@ std::string joined_codes(const Codes& codes) {
 using Aliases = std::map<std::string, std::vector<std::string>>;
 
 // A normalized tag without its last subtag where that is a region (2 letters or 3 digits after the language and
-// script): fr-ca -> fr, zh-hant-tw -> zh-hant; empty where it has none. twostep/artifact/tokenizer.py's
+// script): fr-ca -> fr, zh-hant-tw -> zh-hant; empty where it has none, or two. twostep/artifact/tokenizer.py's
 // region_dropped.
+bool ends_in_region(const std::string& tag) {
+  const size_t dash = tag.rfind('-');
+  if (dash == std::string::npos || dash == 0) return false;
+  const std::string last = tag.substr(dash + 1);
+  return (last.size() == 2 && std::all_of(last.begin(), last.end(), ::isalpha)) ||
+         (last.size() == 3 && std::all_of(last.begin(), last.end(), ::isdigit));
+}
+
 std::string region_dropped(const std::string& key) {
-  const size_t dash = key.rfind('-');
-  if (dash == std::string::npos || dash == 0) return "";
-  const std::string last = key.substr(dash + 1);
-  const bool region = (last.size() == 2 && std::all_of(last.begin(), last.end(), ::isalpha)) ||
-                      (last.size() == 3 && std::all_of(last.begin(), last.end(), ::isdigit));
-  return region ? key.substr(0, dash) : "";
+  if (!ends_in_region(key)) return "";
+  const std::string head = key.substr(0, key.rfind('-'));
+  return ends_in_region(head) ? "" : head;  // one region only: fa-af-tw is no tag
 }
 
 // The model codes (of `codes`) a standard code means by the aliases: its own entry (lowercase, '-' for '_'), else

@@ -169,5 +169,7 @@ def test_an_exported_manifests_aliases_pick_as_python_does(pretrained):
     data = json.loads((pretrained.art / "manifest.json").read_text())["tokenizer"]["languages"]
     languages = load_artifact(pretrained.art).manifest.tokenizer.languages
     codes = sorted({*languages.source, *languages.target})
-    assert codes and data["aliases"]
+    if not codes:  # a model without languages (Marian with one target language) has no aliases either
+        assert "aliases" not in data
+        return
     assert_aliases_pick_as_python(data, languages, STANDARD_CODES + codes + [c.lower() for c in codes])

@@ -107,7 +107,8 @@ def _standard_matches(code: str, known: tuple[str, ...]) -> tuple[str, ...]:
 # language, whose distances a region may tip. Where it has one, only the regions that change the script matter
 # (zh-TW: Hant), which langcodes' likely subtags list.
 COMMON_REGIONS = ("US", "GB", "AU", "CA", "IN", "IE", "FR", "BE", "CH", "DE", "AT", "ES", "MX", "AR", "CO", "419",
-                  "BR", "PT", "AO", "CN", "TW", "HK", "MO", "SG", "EG", "MA", "SA", "RS", "BA", "ME")
+                  "BR", "PT", "AO", "CN", "TW", "HK", "MO", "SG", "EG", "MA", "SA", "RS", "BA", "ME", "AF", "IR",
+                  "PK")
 
 
 def normalized(code: str) -> str:
@@ -117,10 +118,13 @@ def normalized(code: str) -> str:
 
 def region_dropped(key: str) -> str | None:
     """A normalized tag without its last subtag where that is a region (2 letters or 3 digits after the language
-    and script): fr-ca -> fr, zh-hant-tw -> zh-hant; None where it has none."""
-    head, _, last = key.rpartition("-")
-    region = (len(last) == 2 and last.isalpha()) or (len(last) == 3 and last.isdigit())
-    return head if head and region else None
+    and script): fr-ca -> fr, zh-hant-tw -> zh-hant; None where it has none, or two (fa-af-tw)."""
+    def region(tag: str) -> bool:
+        last = tag.rpartition("-")[2]
+        return "-" in tag and ((len(last) == 2 and last.isalpha()) or (len(last) == 3 and last.isdigit()))
+
+    head = key.rpartition("-")[0]
+    return head if region(key) and not region(head) else None  # one region only: fa-af-tw is no tag
 
 
 def language_forms(language: str) -> set[str]:
@@ -138,15 +142,23 @@ def language_forms(language: str) -> set[str]:
 
 def standard_aliases(codes: Iterable[str]) -> dict[str, list[str]]:
     """The standard codes that mean a model's codes, for consumers without langcodes (the C++ library): {normalized
-    code: the model codes standard_matches gives}, several: ambiguous. Tried for each code: its BCP-47 tag
-    (model_tag), its language's ISO 639-1, 639-3 and 639-2/B codes (and those of its macrolanguage and of the
-    members langcodes reads as it: ar for arb, cmn for zh), each alone and with the code's script, and
-    region tags (the code's own, its language's likely-subtag regions, COMMON_REGIONS where the model has several
-    codes of the language). A region tag is written only where it means other codes than the same tag without the
-    region (zh-tw: zho_Hant where zh is zho_Hans; uz-af: [] where uz is uzn_Latn, an Arabic-script region), so
-    that a consumer drops an unlisted region and looks again; other keys only where they mean some code."""
+    code: the model codes standard_matches gives}, several: ambiguous. Tried: every ISO 639-1 language and each
+    model code's language (its macrolanguage's too, and the members langcodes reads as it: ar for arb, cmn for
+    zh), each by its 639-1, 639-3 and 639-2/B codes, alone and with each script it is written in (CLDR's likely
+    subtags: sr-Latn, zh-Hant) or the model code's (written where it means some code: sr-latn means Croatian and
+    Bosnian where the model has Serbian in Cyrillic only); the model codes themselves and their BCP-47 tags; and
+    region tags (the model code's, its language's likely-subtag regions, COMMON_REGIONS where the model has several
+    codes of the language), written only where they mean other codes than the same tag without the region (zh-tw:
+    zho_Hant where zh is zho_Hans; uz-af: [] where uz is uzn_Latn, an Arabic-script region), so that a consumer
+    drops an unlisted region and looks again."""
     import langcodes
-    from langcodes.data_dicts import LIKELY_SUBTAGS, MACROLANGUAGES, NORMALIZED_MACROLANGUAGES
+    from langcodes.data_dicts import (
+        LANGUAGE_ALPHA3,
+        LANGUAGE_REPLACEMENTS,
+        LIKELY_SUBTAGS,
+        MACROLANGUAGES,
+        NORMALIZED_MACROLANGUAGES,
+    )
 
     known = sorted(set(codes))
     parsed = {}
@@ -155,33 +167,59 @@ def standard_aliases(codes: Iterable[str]) -> dict[str, list[str]]:
             parsed[own] = langcodes.Language.get(model_tag(own))
         except ValueError:
             continue
-    per_language: dict[str, int] = {}
-    for lang in parsed.values():
-        per_language[lang.language] = per_language.get(lang.language, 0) + 1
-    plain: set[str] = set()
-    regional: set[tuple[str, str]] = set()  # (language form, region)
+    likely: dict[str, tuple[set[str], set[str]]] = {}  # language: (its scripts, the regions that change it)
+    for key, value in LIKELY_SUBTAGS.items():
+        head, _, region = key.partition("-")
+        scripts, regions = likely.setdefault(head, (set(), set()))
+        scripts.add(value.split("-")[1])
+        if region_dropped(key.lower()) == head.lower():
+            regions.add(region)
+    related = {}  # a code's language, its macrolanguage and the members langcodes reads as it (arb: ar; zh: cmn)
     for own, lang in parsed.items():
-        related = {lang.language, own.replace("-", "_").split("_")[0], MACROLANGUAGES.get(lang.language)}
-        related |= {member for member, macro in NORMALIZED_MACROLANGUAGES.items() if macro == lang.language}
-        forms = {form for language in related - {None} for form in language_forms(language)}
-        scripts = {lang.script, lang.maximize().script} - {None}
-        plain |= {normalized(own), normalized(str(lang))}
+        near = {lang.language, own.replace("-", "_").split("_")[0], MACROLANGUAGES.get(lang.language)}
+        near |= {member for member, macro in NORMALIZED_MACROLANGUAGES.items() if macro == lang.language}
+        related[own] = near - {None}
+    per_language: dict[str, int] = {}  # how many codes each language is related to (fa: pes_Arab and prs_Arab)
+    for near in related.values():
+        for language in near:
+            per_language[language] = per_language.get(language, 0) + 1
+    languages: dict[str, set[str]] = {language: set() for language in [*LANGUAGE_ALPHA3, *LANGUAGE_ALPHA3.values(),
+                                                                       *LANGUAGE_REPLACEMENTS] if "-" not in language}
+    regional: set[tuple[str, str]] = set()  # (language form, region)
+    plain = {normalized(own) for own in parsed} | {normalized(str(lang)) for lang in parsed.values()}
+    for own, lang in parsed.items():
+        for language in related[own]:
+            languages.setdefault(language, set()).update({lang.script, lang.maximize().script} - {None})
+            regions = likely.get(language, (set(), set()))[1] | ({lang.territory} if lang.territory else set())
+            if per_language[language] > 1:
+                regions |= set(COMMON_REGIONS)
+            regional |= {(form, region) for form in language_forms(language) for region in regions}
+    by_tag: dict[str, list[str]] = {}
+
+    def matches(key: str) -> list[str]:  # standard_matches reads a code as its standard tag: fra-latn is fr
+        try:
+            tag = langcodes.standardize_tag(key)
+        except ValueError:
+            return []
+        if tag not in by_tag:
+            by_tag[tag] = standard_matches(tag, known)
+        return by_tag[tag]
+
+    model_scripts = {lang.maximize().script for lang in parsed.values()}
+    for language, scripts in languages.items():
+        forms = language_forms(language)
+        scripts |= likely.get(language, (set(), set()))[0]
+        if any(matches(form) for form in forms):  # a language near a model code: in another script, maybe another
+            scripts |= model_scripts  # (bs-Cyrl is Serbian)
         plain |= forms | {f"{form}-{script}" for form in forms for script in scripts}
-        regions = {lang.territory} if lang.territory else set()
-        regions |= {key.split("-")[1] for key in LIKELY_SUBTAGS if key.startswith(f"{lang.language}-")
-                    and region_dropped(key.lower()) == lang.language}
-        if per_language[lang.language] > 1:
-            regions |= set(COMMON_REGIONS)
-        regional |= {(form, region) for form in forms for region in regions}
     out = {}
     for key in sorted(normalized(c) for c in plain):
-        if matches := standard_matches(key, known):
-            out[key] = matches
+        if found := matches(key):
+            out[key] = found
     for form, region in sorted(regional):
         key = normalized(f"{form}-{region}")
-        matches = standard_matches(key, known)
-        if matches != out.get(region_dropped(key), standard_matches(region_dropped(key), known)):
-            out[key] = matches
+        if (found := matches(key)) != out.get(region_dropped(key), matches(region_dropped(key))):
+            out[key] = found
     return out
 
 
@@ -226,7 +264,9 @@ class Languages:
         out = {"source": {c: list(ids) for c, ids in self.source.items()},
                "target": {c: {"source": list(t.source), "decoder": list(t.decoder)} for c, t in self.target.items()},
                "default_source": self.default_source, "default_target": self.default_target}
-        if codes := {*self.source, *self.target}:  # for consumers without langcodes; Python asks standard_matches
+        # For consumers without langcodes (Python asks standard_matches). One table for both sides, each consumer
+        # keeping the codes of its side: exact where a side has the other's codes or none (every family imported).
+        if codes := {*self.source, *self.target}:
             out["aliases"] = standard_aliases(codes)
         return out
 
