@@ -269,7 +269,7 @@ TEST_CASE("a schema-3 manifest with a tokenizer section") {
   const twostep::Manifest m3 = twostep::Manifest::read(a.dir);
   CHECK(m3.languages.aliases.at("fra") == std::vector<std::string>{"fr"});
   CHECK(m3.languages.aliases.at("zh-tw").empty());
-  CHECK(m3.languages.target_code("fre-FR") == "fr");
+  CHECK(m3.languages.target_code("fra-FR") == "fr");
   CHECK(m3.languages.target_code("FRA") == "fr");
   a.manifest["tokenizer"]["languages"] = nullptr;  // null: no languages
   a.save();
@@ -390,6 +390,8 @@ TEST_CASE("languages: a standard code means the model code its aliases name, as 
   CHECK(nllb.source_code("zh-CN") == "zho_Hans");    // no entry: its region dropped
   CHECK(nllb.source_code("zh-TW") == "zho_Hant");    // an entry: its region changes the script
   CHECK(nllb.source_code("zh-Hant-HK") == "zho_Hant");
+  CHECK(error_of([&] { nllb.source_code("fr-CA-US"); }) ==  // two regions: no tag, none dropped
+        "unknown source language 'fr-CA-US': this model has fra_Latn, zho_Hans, zho_Hant");
   CHECK(error_of([&] { nllb.target_code("xx"); }) ==
         "unknown target language 'xx': this model has fra_Latn, zho_Hans, zho_Hant");
   CHECK(error_of([&] { nllb.target_code("fr-latn-x"); }) ==

@@ -211,7 +211,10 @@ def standard_aliases(codes: Iterable[str]) -> dict[str, list[str]]:
         scripts |= likely.get(language, (set(), set()))[0]
         if any(matches(form) for form in forms):  # a language near a model code: in another script, maybe another
             scripts |= model_scripts  # (bs-Cyrl is Serbian)
-        plain |= forms | {f"{form}-{script}" for form in forms for script in scripts}
+        tags = forms | {f"{form}-{script}" for form in forms for script in scripts}
+        plain |= tags
+        if any(matches(tag) for tag in tags):  # the regions that change its script (sr-ME: Latin, Croatian)
+            regional |= {(form, region) for form in forms for region in likely.get(language, (set(), set()))[1]}
     out = {}
     for key in sorted(normalized(c) for c in plain):
         if found := matches(key):
