@@ -1,5 +1,6 @@
 // manifest.json: the artifact's contract (twostep/artifact.py reads the same file the same way).
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -225,6 +226,8 @@ Languages read_languages(const json& tok) {
   out.source = languages.value("source", json::object()).get<std::map<std::string, Ids>>();
   for (const auto& [code, ids] : languages.value("target", json::object()).get<std::map<std::string, json>>())
     out.target[code] = {ids.value("source", json::array()).get<Ids>(), ids.value("decoder", json::array()).get<Ids>()};
+  const json aliases = languages.value("aliases", json::object());  // absent (older artifacts): model codes only
+  out.aliases = aliases.get<std::map<std::string, std::vector<std::string>>>();
   out.default_source = name_or_empty(languages, "default_source");
   out.default_target = name_or_empty(languages, "default_target");
   return out;
@@ -263,6 +266,10 @@ void check_ids(const Manifest& m, const std::string& where) {
   auto check_default = [&](const std::string& code, bool known) {
     if (!code.empty() && !known) bad("tokenizer: default language '" + code + "' is not one of its languages");
   };
+  for (const auto& [alias, codes] : l.aliases)
+    for (const std::string& code : codes)
+      if (!l.source.count(code) && !l.target.count(code))
+        bad("tokenizer: languages.aliases." + alias + " names '" + code + "', which is not one of its languages");
   check_default(l.default_source, l.source.count(l.default_source));
   check_default(l.default_target, l.target.count(l.default_target));
 }
@@ -284,21 +291,63 @@ std::string joined_codes(const Codes& codes) {
   return out;
 }
 
-// `code`, or `fallback` when it is empty, checked against the codes a model has (sorted, as a std::map holds
-// them); none at all is an error where the model `needs` one. `side`: "source" or "target"; `flag`: the example
-// program's option that gives it. Python: twostep/artifact/tokenizer.py's Languages.pick.
+using Aliases = std::map<std::string, std::vector<std::string>>;
+
+// A normalized tag without its last subtag where that is a region (2 letters or 3 digits after the language and
+// script): fr-ca -> fr, zh-hant-tw -> zh-hant; empty where it has none, or two. twostep/artifact/tokenizer.py's
+// region_dropped.
+bool ends_in_region(const std::string& tag) {
+  const size_t dash = tag.rfind('-');
+  if (dash == std::string::npos || dash == 0) return false;
+  const std::string last = tag.substr(dash + 1);
+  return (last.size() == 2 && std::all_of(last.begin(), last.end(), ::isalpha)) ||
+         (last.size() == 3 && std::all_of(last.begin(), last.end(), ::isdigit));
+}
+
+std::string region_dropped(const std::string& key) {
+  if (!ends_in_region(key)) return "";
+  const std::string head = key.substr(0, key.rfind('-'));
+  return ends_in_region(head) ? "" : head;  // one region only: fa-af-tw is no tag
+}
+
+// The model codes (of `codes`) a standard code means by the aliases: its own entry (lowercase, '-' for '_'), else
+// its entry without the region; none where neither is listed. Python: standard_matches.
 template <typename Codes>
-std::string pick_language(const Codes& codes, const std::string& code, const std::string& fallback, bool needs,
-                          const std::string& side, const std::string& flag) {
+std::vector<std::string> standard_matches(const std::string& code, const Codes& codes, const Aliases& aliases) {
+  std::string key = code;
+  for (char& c : key) c = c == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  auto found = aliases.find(key);
+  if (found == aliases.end() && !region_dropped(key).empty()) found = aliases.find(region_dropped(key));
+  std::vector<std::string> out;
+  if (found == aliases.end()) return out;
+  for (const std::string& own : found->second)
+    if (codes.count(own)) out.push_back(own);  // the aliases are the model's codes of either side
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// `code`, or `fallback` when it is empty, checked against the codes a model has (sorted, as a std::map holds
+// them), or the one a standard code means (aliases); none at all is an error where the model `needs` one.
+// `side`: "source" or "target"; `flag`: the example program's option that gives it. Python:
+// twostep/artifact/tokenizer.py's Languages.pick, whose messages these are.
+template <typename Codes>
+std::string pick_language(const Codes& codes, const Aliases& aliases, const std::string& code,
+                          const std::string& fallback, bool needs, const std::string& side, const std::string& flag) {
   const std::string chosen = code.empty() ? fallback : code;
   if (chosen.empty()) {
     if (!needs) return chosen;
     throw Error("this model needs a " + side + " language: " + flag + " one of " + joined_codes(codes));
   }
-  if (!codes.count(chosen))
-    throw Error("unknown " + side + " language '" + chosen + "': this model has " +
-                (codes.empty() ? "no " + side + " languages" : joined_codes(codes)));
-  return chosen;
+  if (codes.count(chosen)) return chosen;
+  const std::vector<std::string> matches = standard_matches(chosen, codes, aliases);
+  if (matches.size() == 1) return matches[0];
+  if (!matches.empty()) {
+    std::string candidates;
+    for (const std::string& m : matches) candidates += (candidates.empty() ? "" : " or ") + m;
+    throw Error("ambiguous " + side + " language '" + chosen + "': it may be " + candidates + "; name one of them");
+  }
+  throw Error("unknown " + side + " language '" + chosen + "': this model has " +
+              (codes.empty() ? "no " + side + " languages" : joined_codes(codes)));
 }
 
 // [batch, heads, len, head_dim] of one decoder input.
@@ -310,14 +359,14 @@ const json& kv_shape(const json& decoder, const std::string& name, const std::st
 }  // namespace
 
 std::string Languages::source_code(const std::string& code) const {
-  return pick_language(source, code, default_source, !source.empty(), "source", "--src-lang");
+  return pick_language(source, aliases, code, default_source, !source.empty(), "source", "--src-lang");
 }
 
 // A target language is needed where one has tokens to force on the decoder. Marian's go into the source, where
 // its users may type them themselves (">>fra<< text"), so they may be left out.
 std::string Languages::target_code(const std::string& code) const {
   const bool needs = std::any_of(target.begin(), target.end(), [](const auto& t) { return !t.second.decoder.empty(); });
-  return pick_language(target, code, default_target, needs, "target", "--tgt-lang");
+  return pick_language(target, aliases, code, default_target, needs, "target", "--tgt-lang");
 }
 
 std::set<std::string> external_data_locations(const fs::path& graph_file) {

@@ -263,6 +263,14 @@ TEST_CASE("a schema-3 manifest with a tokenizer section") {
   CHECK(m2.tokenizer->target_vocab.empty());
   CHECK(m2.tokenizer->special_pieces.empty());
   CHECK(m2.languages.target.at("fr").source.empty());
+  CHECK(m2.languages.aliases.empty());  // absent (an older artifact): model codes only
+  a.manifest["tokenizer"]["languages"]["aliases"] = {{"fr", {"fr"}}, {"fra", {"fr"}}, {"zh-tw", json::array()}};
+  a.save();
+  const twostep::Manifest m3 = twostep::Manifest::read(a.dir);
+  CHECK(m3.languages.aliases.at("fra") == std::vector<std::string>{"fr"});
+  CHECK(m3.languages.aliases.at("zh-tw").empty());
+  CHECK(m3.languages.target_code("fra-FR") == "fr");
+  CHECK(m3.languages.target_code("FRA") == "fr");
   a.manifest["tokenizer"]["languages"] = nullptr;  // null: no languages
   a.save();
   CHECK(twostep::Manifest::read(a.dir).languages.target.empty());
@@ -294,6 +302,10 @@ TEST_CASE("schema 3: malformed tokenizer sections and ids") {
       {[](json& j) { j["tokenizer"]["languages"]["source"]["en"] = {50}; },
        "tokenizer: languages.source.en has ids outside the source vocab"},
       {[](json& j) { j["tokenizer"]["drop_ids"] = {60}; }, "tokenizer: drop_ids has ids outside the target vocab"},
+      {[](json& j) { j["tokenizer"]["languages"]["aliases"] = {{"it", {"it"}}}; },
+       "tokenizer: languages.aliases.it names 'it', which is not one of its languages"},
+      {[](json& j) { j["tokenizer"]["languages"]["aliases"] = {{"it", "fr"}}; },
+       "malformed manifest (missing or wrong"},
       {[](json& j) { j["tokenizer"]["languages"]["target"] = {1, 2}; }, "malformed manifest (missing or wrong"},
       {[](json& j) { j["tokenizer"]["special_pieces"] = {""}; }, "special_pieces holds an empty piece"},
       {[](json& j) { j["tokenizer"]["trailing_space"] = {50}; },
@@ -362,6 +374,40 @@ TEST_CASE("languages: the default, or one the model has") {
   CHECK(marian.target_code("") == "");
   CHECK(marian.target_code("spa") == "spa");
   CHECK(error_of([&] { marian.target_code("deu"); }) == "unknown target language 'deu': this model has fra, spa");
+}
+
+TEST_CASE("languages: a standard code means the model code its aliases name, as Python's Languages.pick") {
+  // The aliases twostep/artifact/tokenizer.py's standard_aliases writes for these codes (a region tag only where
+  // dropping its region would mean another code).
+  twostep::Languages nllb;
+  nllb.source = {{"fra_Latn", {5}}, {"zho_Hans", {6}}, {"zho_Hant", {7}}};
+  nllb.target = {{"fra_Latn", {{}, {15}}}, {"zho_Hans", {{}, {16}}}, {"zho_Hant", {{}, {17}}}};
+  nllb.aliases = {{"fr", {"fra_Latn"}}, {"fra", {"fra_Latn"}}, {"fre", {"fra_Latn"}}, {"fra-latn", {"fra_Latn"}},
+                  {"zh", {"zho_Hans"}}, {"zh-hant", {"zho_Hant"}}, {"zh-tw", {"zho_Hant"}}};
+  for (const char* code : {"fr", "fra", "fre", "fr-FR", "fr_CA", "FR", "fra_LATN", "fr-419", "fra_Latn"})
+    CHECK(nllb.target_code(code) == "fra_Latn");
+  CHECK(nllb.source_code("zh") == "zho_Hans");
+  CHECK(nllb.source_code("zh-CN") == "zho_Hans");    // no entry: its region dropped
+  CHECK(nllb.source_code("zh-TW") == "zho_Hant");    // an entry: its region changes the script
+  CHECK(nllb.source_code("zh-Hant-HK") == "zho_Hant");
+  CHECK(error_of([&] { nllb.source_code("fr-CA-US"); }) ==  // two regions: no tag, none dropped
+        "unknown source language 'fr-CA-US': this model has fra_Latn, zho_Hans, zho_Hant");
+  CHECK(error_of([&] { nllb.target_code("xx"); }) ==
+        "unknown target language 'xx': this model has fra_Latn, zho_Hans, zho_Hant");
+  CHECK(error_of([&] { nllb.target_code("fr-latn-x"); }) ==
+        "unknown target language 'fr-latn-x': this model has fra_Latn, zho_Hans, zho_Hant");
+
+  twostep::Languages mbart;  // two codes of one language, equally near: ambiguous
+  mbart.target = {{"pt_XX", {{}, {1}}}, {"pt_BR", {{}, {2}}}};
+  mbart.aliases = {{"pt", {"pt_BR", "pt_XX"}}, {"pt-br", {"pt_BR"}}, {"zh-tw", {}}};
+  CHECK(error_of([&] { mbart.target_code("pt"); }) ==
+        "ambiguous target language 'pt': it may be pt_BR or pt_XX; name one of them");
+  CHECK(mbart.target_code("pt_BR") == "pt_BR");  // the model's own, as it is
+  CHECK(mbart.target_code("pt-BR") == "pt_BR");
+  CHECK(error_of([&] { mbart.target_code("zh-TW"); }) ==  // listed as none: its region is not dropped
+        "unknown target language 'zh-TW': this model has pt_BR, pt_XX");
+  CHECK(error_of([&] { mbart.source_code("pt"); }) ==  // the aliases name codes of either side
+        "unknown source language 'pt': this model has no source languages");
 }
 
 #ifdef TWOSTEP_DEMO_TOKENIZER

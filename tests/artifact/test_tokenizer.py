@@ -3,9 +3,19 @@ missing-language error each front words with its own names."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from twostep.artifact.tokenizer import Languages, MissingLanguage, TargetLanguage, TokenizerSpec
+from twostep.artifact import load_artifact
+from twostep.artifact.tokenizer import (
+    Languages,
+    MissingLanguage,
+    TargetLanguage,
+    TokenizerSpec,
+    normalized,
+    region_dropped,
+)
 from twostep.errors import BadArtifact, BadInput
 
 SPEC = TokenizerSpec(source_model="tokenizer.json", target_model="tokenizer.json", kind="tokenizers",
@@ -78,3 +88,88 @@ def test_a_code_two_of_the_models_codes_match_equally_is_ambiguous():
     with pytest.raises(BadInput, match="ambiguous target language 'pt': it may be pt_BR or pt_XX; name one of them"):
         languages.pick("target", "pt")
     assert languages.pick("target", "pt_BR") == "pt_BR"
+
+
+# What a request may type: each family's French, regions, scripts, macrolanguages, case and '_', unknown codes
+STANDARD_CODES = ["fr", "fra", "fre", "fr-FR", "fr-CA", "fr_BE", "FR", "fra-FR", "fr-Latn", "fr-Latn-FR", "fr-419",
+                  "en", "en-US", "en-GB", "eng", "de", "deu", "ger", "de-AT", "de-DE", "zh", "zho", "chi", "cmn",
+                  "zh-CN", "zh-TW", "zh-HK", "zh-SG", "zh-Hant", "zh-Hans", "zh-Hant-TW", "zh-Hans-TW", "zho-TW",
+                  "pt", "pt-BR", "pt-PT", "por", "ar", "ara", "arb", "ary", "ar-MA", "sr", "sr-Latn", "sr-ME",
+                  "xx", "qq-ZZ", "12", "french", "en-XX", "FRA_LATN", "zho_hant"]
+
+
+def alias_pick(languages: dict, side: str, code: str) -> str:
+    """What the C++ library (cpp/src/manifest.cpp's pick_language) makes of a code with the manifest's aliases: the
+    model's own as it is, else the normalized code's entry, else its entry without the region; the same messages
+    as Languages.pick."""
+    known = sorted(languages[side])
+    if code in known:
+        return code
+    aliases = languages.get("aliases", {})
+    key = normalized(code)
+    if key not in aliases and region_dropped(key):
+        key = region_dropped(key)
+    matches = sorted(c for c in aliases.get(key, []) if c in known)
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise BadInput(f"ambiguous {side} language {code!r}: it may be {' or '.join(matches)}; name one of them")
+    have = f"this model has {', '.join(known)}" if known else f"this model has no {side} languages"
+    raise BadInput(f"unknown {side} language {code!r}: {have}")
+
+
+def outcome(pick, *args) -> str:
+    try:
+        return pick(*args)
+    except BadInput as exc:
+        return str(exc)
+
+
+def assert_aliases_pick_as_python(data: dict, languages: Languages, codes: list[str]) -> None:
+    for side in ("source", "target"):
+        want = {code: outcome(languages.pick, side, code) for code in codes}
+        got = {code: outcome(alias_pick, data, side, code) for code in codes}
+        assert got == want, {code: (got[code], want[code]) for code in codes if got[code] != want[code]}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CODES))
+def test_the_written_aliases_pick_as_python_does(family):
+    codes = FAMILY_CODES[family]
+    languages = Languages(source={c: (i,) for i, c in enumerate(codes)},
+                          target={c: TargetLanguage(decoder=(i,)) for i, c in enumerate(codes)})
+    data = languages.to_json()
+    assert_aliases_pick_as_python(data, languages, STANDARD_CODES + codes + [c.lower() for c in codes])
+    assert data["aliases"]["fr"] == [FRENCH[family]]
+    assert data["aliases"]["fre"] == [FRENCH[family]]
+
+
+def test_ambiguous_codes_are_written_with_every_candidate():
+    languages = Languages(target={"pt_XX": TargetLanguage(decoder=(1,)), "pt_BR": TargetLanguage(decoder=(2,))})
+    data = languages.to_json()
+    assert data["aliases"]["pt"] == ["pt_BR", "pt_XX"]
+    with pytest.raises(BadInput, match="ambiguous target language 'pt': it may be pt_BR or pt_XX; name one of them"):
+        alias_pick(data, "target", "pt")
+    assert_aliases_pick_as_python(data, languages, STANDARD_CODES + ["pt_BR", "pt_XX", "pt-xx"])
+
+
+def test_a_section_without_aliases_reads_and_one_with_malformed_aliases_is_refused():
+    data = SPEC.to_json()
+    assert data["languages"]["aliases"]["fr"] == ["fra_Latn"]
+    del data["languages"]["aliases"]  # an older artifact
+    assert TokenizerSpec.parse(data, "m", (100, 100)) == SPEC
+    for aliases in ({"it": ["ita_Latn"]}, {"fr": "fra_Latn"}, [], {"fr": [["fra_Latn"]]}):
+        data["languages"]["aliases"] = aliases
+        with pytest.raises(BadArtifact, match="languages.aliases must map codes to lists of the model's codes"):
+            TokenizerSpec.parse(data, "m", (100, 100))
+
+
+def test_an_exported_manifests_aliases_pick_as_python_does(pretrained):
+    """Each family imported and exported (tests/conftest.py): the manifest's aliases, read as the C++ library reads
+    them, give what Languages.pick gives, model codes included."""
+    data = json.loads((pretrained.art / "manifest.json").read_text())["tokenizer"]["languages"]
+    languages = load_artifact(pretrained.art).manifest.tokenizer.languages
+    codes = sorted({*languages.source, *languages.target})
+    if not codes:  # a model without languages (Marian with one target language) has no aliases either
+        assert "aliases" not in data
+        return
+    assert_aliases_pick_as_python(data, languages, STANDARD_CODES + codes + [c.lower() for c in codes])

@@ -320,6 +320,42 @@ def test_cpp_decodes_pretrained_families_as_transformers_does(cpp_build, pretrai
     assert bad.returncode == 1 and "unknown target language 'xx'" in bad.stderr
 
 
+def test_cpp_takes_standard_language_codes_as_python_does(cpp_build, pretrained):
+    """fr, fra, fre, fr-FR, FR (and en-US for the source) translate as the model's own code (NLLB's fra_Latn,
+    mBART-50's fr_XX, Marian's fra) through the manifest's aliases; xx is refused with Languages.pick's message.
+    A tokenizer.json-only artifact takes ids: its forced target tokens follow the code the same way."""
+    import hf_models
+    from conftest import NEW_TOKENS
+    from twostep.artifact import load_artifact
+    from twostep.errors import BadInput
+
+    if "tgt_lang" not in pretrained.langs:
+        pytest.skip(f"{pretrained.name} has no target languages")
+    lines, args = hf_models.TEST_SENTENCES, ["--max-new-tokens", NEW_TOKENS]
+    if not pretrained.text_in_cpp:
+        from twostep.model.checkpoint import read_tokenizer
+        from twostep.runtime.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.load(pretrained.ckpt, read_tokenizer(pretrained.ckpt))
+        lines = [" ".join(map(str, tokenizer.encode_source(s, **pretrained.langs))) for s in lines]
+        args.append("--ids")
+    elif "src_lang" in pretrained.langs:
+        args += ["--src-lang", "en-US"]
+    want = translate(cpp_build, pretrained.art, lines, *args, "--tgt-lang", pretrained.langs["tgt_lang"])
+    assert want.returncode == 0, want.stderr
+    assert want.stdout.splitlines() == (pretrained.greedy[1] if pretrained.text_in_cpp else ids_lines(
+        pretrained.greedy[0]))
+    for code in ("fr", "fra", "fre", "fr-FR", "FR", "fr_CA"):
+        got = translate(cpp_build, pretrained.art, lines, *args, "--tgt-lang", code)
+        assert got.returncode == 0, f"{code}: {got.stderr}"
+        assert got.stdout == want.stdout, code
+    languages = load_artifact(pretrained.art).manifest.tokenizer.languages
+    with pytest.raises(BadInput) as python:
+        languages.pick("target", "xx")
+    bad = translate(cpp_build, pretrained.art, lines[:1], *args, "--tgt-lang", "xx")
+    assert bad.returncode == 1 and str(python.value) in bad.stderr, bad.stderr
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_cpp_streams_pretrained_families_as_it_translates(cpp_build, pretrained, beam):
     """--stream on each family (forced target-language tokens, decoding from pad, never-generated ids): each

@@ -21,7 +21,8 @@
                                  the source pieces, decoder: ids forced on the decoder after its start id}};
                                  default_source, default_target: the codes used when a request names none;
                                  a request may name a language by the model's code or a standard one
-                                 (standard_matches)
+                                 (standard_matches); aliases (optional): {standard code, normalized: the model
+                                 codes it means} (standard_aliases), written for consumers without langcodes
 
 A source sentence is languages.source[src] + languages.target[tgt].source + pieces + source_suffix; the decoder
 starts from the model's start id (model.decoder_start_id, else bos) followed by languages.target[tgt].decoder.
@@ -102,6 +103,129 @@ def _standard_matches(code: str, known: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(own for own, distance in near.items() if distance == best))
 
 
+# Regions typed often with a language (en-GB, pt-PT, es-MX, zh-SG): tried where a model has several codes of one
+# language, whose distances a region may tip. Where it has one, only the regions that change the script matter
+# (zh-TW: Hant), which langcodes' likely subtags list.
+COMMON_REGIONS = ("US", "GB", "AU", "CA", "IN", "IE", "FR", "BE", "CH", "DE", "AT", "ES", "MX", "AR", "CO", "419",
+                  "BR", "PT", "AO", "CN", "TW", "HK", "MO", "SG", "EG", "MA", "SA", "RS", "BA", "ME", "AF", "IR",
+                  "PK")
+
+
+def normalized(code: str) -> str:
+    """A code as the manifest's aliases key it: lowercase, '-' between subtags (cpp/src/manifest.cpp alike)."""
+    return code.lower().replace("_", "-")
+
+
+def region_dropped(key: str) -> str | None:
+    """A normalized tag without its last subtag where that is a region (2 letters or 3 digits after the language
+    and script): fr-ca -> fr, zh-hant-tw -> zh-hant; None where it has none, or two (fa-af-tw)."""
+    def region(tag: str) -> bool:
+        last = tag.rpartition("-")[2]
+        return "-" in tag and ((len(last) == 2 and last.isalpha()) or (len(last) == 3 and last.isdigit()))
+
+    head = key.rpartition("-")[0]
+    return head if region(key) and not region(head) else None  # one region only: fa-af-tw is no tag
+
+
+def language_forms(language: str) -> set[str]:
+    """A language subtag and its ISO 639-3 (639-2/T) and 639-2/B codes: fr, fra, fre."""
+    import langcodes
+
+    forms = {language}
+    for variant in ("T", "B"):
+        try:
+            forms.add(langcodes.Language.get(language).to_alpha3(variant=variant))
+        except (LookupError, ValueError):
+            pass
+    return forms
+
+
+def standard_aliases(codes: Iterable[str]) -> dict[str, list[str]]:
+    """The standard codes that mean a model's codes, for consumers without langcodes (the C++ library): {normalized
+    code: the model codes standard_matches gives}, several: ambiguous. Tried: every ISO 639-1 language and each
+    model code's language (its macrolanguage's too, and the members langcodes reads as it: ar for arb, cmn for
+    zh), each by its 639-1, 639-3 and 639-2/B codes, alone and with each script it is written in (CLDR's likely
+    subtags: sr-Latn, zh-Hant) or the model code's (written where it means some code: sr-latn means Croatian and
+    Bosnian where the model has Serbian in Cyrillic only); the model codes themselves and their BCP-47 tags; and
+    region tags (the model code's, its language's likely-subtag regions, COMMON_REGIONS where the model has several
+    codes of the language), written only where they mean other codes than the same tag without the region (zh-tw:
+    zho_Hant where zh is zho_Hans; uz-af: [] where uz is uzn_Latn, an Arabic-script region), so that a consumer
+    drops an unlisted region and looks again."""
+    import langcodes
+    from langcodes.data_dicts import (
+        LANGUAGE_ALPHA3,
+        LANGUAGE_REPLACEMENTS,
+        LIKELY_SUBTAGS,
+        MACROLANGUAGES,
+        NORMALIZED_MACROLANGUAGES,
+    )
+
+    known = sorted(set(codes))
+    parsed = {}
+    for own in known:
+        try:
+            parsed[own] = langcodes.Language.get(model_tag(own))
+        except ValueError:
+            continue
+    likely: dict[str, tuple[set[str], set[str]]] = {}  # language: (its scripts, the regions that change it)
+    for key, value in LIKELY_SUBTAGS.items():
+        head, _, region = key.partition("-")
+        scripts, regions = likely.setdefault(head, (set(), set()))
+        scripts.add(value.split("-")[1])
+        if region_dropped(key.lower()) == head.lower():
+            regions.add(region)
+    related = {}  # a code's language, its macrolanguage and the members langcodes reads as it (arb: ar; zh: cmn)
+    for own, lang in parsed.items():
+        near = {lang.language, own.replace("-", "_").split("_")[0], MACROLANGUAGES.get(lang.language)}
+        near |= {member for member, macro in NORMALIZED_MACROLANGUAGES.items() if macro == lang.language}
+        related[own] = near - {None}
+    per_language: dict[str, int] = {}  # how many codes each language is related to (fa: pes_Arab and prs_Arab)
+    for near in related.values():
+        for language in near:
+            per_language[language] = per_language.get(language, 0) + 1
+    languages: dict[str, set[str]] = {language: set() for language in [*LANGUAGE_ALPHA3, *LANGUAGE_ALPHA3.values(),
+                                                                       *LANGUAGE_REPLACEMENTS] if "-" not in language}
+    regional: set[tuple[str, str]] = set()  # (language form, region)
+    plain = {normalized(own) for own in parsed} | {normalized(str(lang)) for lang in parsed.values()}
+    for own, lang in parsed.items():
+        for language in related[own]:
+            languages.setdefault(language, set()).update({lang.script, lang.maximize().script} - {None})
+            regions = likely.get(language, (set(), set()))[1] | ({lang.territory} if lang.territory else set())
+            if per_language[language] > 1:
+                regions |= set(COMMON_REGIONS)
+            regional |= {(form, region) for form in language_forms(language) for region in regions}
+    by_tag: dict[str, list[str]] = {}
+
+    def matches(key: str) -> list[str]:  # standard_matches reads a code as its standard tag: fra-latn is fr
+        try:
+            tag = langcodes.standardize_tag(key)
+        except ValueError:
+            return []
+        if tag not in by_tag:
+            by_tag[tag] = standard_matches(tag, known)
+        return by_tag[tag]
+
+    model_scripts = {lang.maximize().script for lang in parsed.values()}
+    for language, scripts in languages.items():
+        forms = language_forms(language)
+        scripts |= likely.get(language, (set(), set()))[0]
+        if any(matches(form) for form in forms):  # a language near a model code: in another script, maybe another
+            scripts |= model_scripts  # (bs-Cyrl is Serbian)
+        tags = forms | {f"{form}-{script}" for form in forms for script in scripts}
+        plain |= tags
+        if any(matches(tag) for tag in tags):  # the regions that change its script (sr-ME: Latin, Croatian)
+            regional |= {(form, region) for form in forms for region in likely.get(language, (set(), set()))[1]}
+    out = {}
+    for key in sorted(normalized(c) for c in plain):
+        if found := matches(key):
+            out[key] = found
+    for form, region in sorted(regional):
+        key = normalized(f"{form}-{region}")
+        if (found := matches(key)) != out.get(region_dropped(key), matches(region_dropped(key))):
+            out[key] = found
+    return out
+
+
 @dataclass(frozen=True)
 class TargetLanguage:
     source: Ids = ()  # before the source pieces (Marian's >>fra<<)
@@ -140,9 +264,14 @@ class Languages:
         return code
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": {c: list(ids) for c, ids in self.source.items()},
-                "target": {c: {"source": list(t.source), "decoder": list(t.decoder)} for c, t in self.target.items()},
-                "default_source": self.default_source, "default_target": self.default_target}
+        out = {"source": {c: list(ids) for c, ids in self.source.items()},
+               "target": {c: {"source": list(t.source), "decoder": list(t.decoder)} for c, t in self.target.items()},
+               "default_source": self.default_source, "default_target": self.default_target}
+        # For consumers without langcodes (Python asks standard_matches). One table for both sides, each consumer
+        # keeping the codes of its side: exact where a side has the other's codes or none (every family imported).
+        if codes := {*self.source, *self.target}:
+            out["aliases"] = standard_aliases(codes)
+        return out
 
 
 @dataclass(frozen=True)
@@ -222,6 +351,11 @@ class TokenizerSpec:
             target[code] = TargetLanguage(ids(entry.get("source", []), f"languages.target.{code}.source"),
                                           ids(entry.get("decoder", []), f"languages.target.{code}.decoder", 1))
         source = {code: ids(v, f"languages.source.{code}") for code, v in langs.get("source", {}).items()}
+        # optional (older artifacts have none); Python does not read it: standard_matches gives the same
+        aliases = langs.get("aliases", {})
+        if not isinstance(aliases, dict) or not all(isinstance(v, list) and all(
+                isinstance(c, str) and (c in source or c in target) for c in v) for v in aliases.values()):
+            raise bad("languages.aliases must map codes to lists of the model's codes")
         defaults = [langs.get("default_source"), langs.get("default_target")]
         for d, known in zip(defaults, (source, target)):
             if d is not None and (not isinstance(d, str) or d not in known):

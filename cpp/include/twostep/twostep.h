@@ -49,10 +49,16 @@ struct Languages {
   std::map<std::string, Ids> source;
   std::map<std::string, Target> target;
   std::string default_source, default_target;  // empty: none
+  // Standard codes (ISO 639-1/639-3/639-2B, BCP-47 tags), lowercase with '-', to the model codes each means
+  // (manifest tokenizer.languages.aliases, computed at export with Python's langcodes): "fr" -> {"fra_Latn"};
+  // several: ambiguous; none: a region tag that means no code (an older artifact has no aliases: model codes only).
+  std::map<std::string, std::vector<std::string>> aliases;
 
   // The code to use: `code`, or the default when `code` is empty; empty when none is given and the model does not
-  // need one (source: it has no source languages; target: none has decoder ids). Errors name the codes there
-  // are and the example program's flag.
+  // need one (source: it has no source languages; target: none has decoder ids). A code the model does not have
+  // is looked up, lowercase with '-' for '_', in the aliases, then without its region (fr-CA -> fr): "fr",
+  // "fra", "fre", "fr-FR" give NLLB's fra_Latn, as Python's Languages.pick does. Errors name the codes there
+  // are and the example program's flag, or the candidates of an ambiguous code.
   std::string source_code(const std::string& code) const;
   std::string target_code(const std::string& code) const;
 };
