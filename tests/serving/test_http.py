@@ -267,6 +267,8 @@ def clients_agree(url: str, pretrained) -> None:
         return
     client = libretranslatepy.LibreTranslateAPI(url)
     assert client.translate(hf_models.TEST_SENTENCES[0], "en", "fr") == pretrained.greedy[1][0].strip()
+    unknown = httpx.post(f"{url}/translate", json={"q": "hello", "source": "en", "target": "xx"}, timeout=60)
+    assert unknown.status_code == 400 and "unknown target language 'xx': this model has" in unknown.json()["error"]
     listed = {language["code"]: language for language in client.languages()}
     if "src_lang" in pretrained.langs:
         assert listed["en"]["name"] == "English" and "fr" in listed["en"]["targets"]
