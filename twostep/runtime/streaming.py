@@ -82,9 +82,10 @@ class TextDeltas:
     what is new and cannot change, `finish(final tokens)` the rest. All of them concatenated are decode(final
     tokens)."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, joiners: dict[int, bool] | None = None):
         self.tokenizer = tokenizer
         self.text = ""  # given out so far
+        self.joiners = {} if joiners is None else joiners  # joins(token), remembered: a stream's sentences share it
 
     def update(self, tokens: Sequence[int]) -> str:
         """The text that `tokens` adds to what was given out ('' for none)."""
@@ -108,22 +109,26 @@ class TextDeltas:
     def joins(self, token: int) -> bool:
         """Whether a token's text can depend on the tokens after it: a byte piece, or a piece without text of
         its own (a special token decode skips) that a run of byte pieces can go on past."""
-        return self.tokenizer.is_byte(token) or not self.tokenizer.decode([token])
+        known = self.joiners.get(token)
+        if known is None:
+            known = self.joiners[token] = self.tokenizer.is_byte(token) or not self.tokenizer.decode([token])
+        return known
 
 
 class Events:
     """A stream's events from what a decode reports: `tokens(i, tokens so far)` while sentence i decodes with
     greedy search or sampling (`deltas` true), `done(i, hypotheses)` once it is done."""
 
-    def __init__(self, tokenizer: Tokenizer, deltas: bool = True):
+    def __init__(self, tokenizer: Tokenizer, deltas: bool = True, joiners: dict[int, bool] | None = None):
         self.tokenizer, self.deltas = tokenizer, deltas
         self.texts: dict[int, TextDeltas] = {}
+        self.joiners = {} if joiners is None else joiners  # TextDeltas.joins' memory, shared by streams that pass it
 
     def tokens(self, sentence: int, tokens: Sequence[int]) -> list[Event]:
         if not self.deltas:
             return []
         if sentence not in self.texts:
-            self.texts[sentence] = TextDeltas(self.tokenizer)
+            self.texts[sentence] = TextDeltas(self.tokenizer, self.joiners)
         text = self.texts[sentence].update(tokens)
         return [Delta(sentence, text)] if text else []
 
@@ -132,7 +137,7 @@ class Events:
         best = nbest[0][0] if nbest else ""
         events: list[Event] = []
         if self.deltas:
-            text = self.texts.pop(sentence, None) or TextDeltas(self.tokenizer)
+            text = self.texts.pop(sentence, None) or TextDeltas(self.tokenizer, self.joiners)
             rest = text.finish(hypotheses[0].tokens if hypotheses else [])
             events += [Delta(sentence, rest)] if rest else []
         return [*events, SentenceDone(sentence, best, nbest)]

@@ -141,9 +141,10 @@ class Tokenizer:
         return self.target_sp.encode(text) if self.target_pieces is None else self.pieces(text)
 
     def decode(self, ids: Iterable[int]) -> str:
-        kept = [int(i) for i in ids if int(i) not in self.drop]
+        kept = [i for i in map(int, ids) if i not in self.drop]
         if self.target_pieces is None:
-            pieces = [self.target_sp.id_to_piece(i) for i in kept if 0 <= i < self.target_sp.get_piece_size()]
+            size = self.target_sp.get_piece_size()
+            pieces = self.target_sp.id_to_piece([i for i in kept if 0 <= i < size])  # one call for all
         else:
             pieces = [self.target_pieces[i] for i in kept if i in self.target_pieces]
         return self.target_sp.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()

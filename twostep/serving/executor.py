@@ -42,6 +42,7 @@ class BatchingTranslator:
         self.engine = BatchingEngine(session, model_limits.specials, limits, metrics, express_session)
         # never decodes (the engine does): text, checks and limits
         self.translator = Translator(session, model_limits, tokenizer, options=options)
+        self.joiners: dict[int, bool] = {}  # which target tokens' text depends on the next (streams' TextDeltas)
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -164,7 +165,7 @@ class BatchingTranslator:
         """Queue token ids whose decode reports to `put` (in the worker thread): ("tokens" | "done", index, tokens
         or hypotheses), then None once the request is answered, failed or cancelled. Raises as submit_ids."""
         options = self.translator.options if options is None else options
-        events = Events(self.tokenizer, deltas=options.beam_size == 1)
+        events = Events(self.tokenizer, deltas=options.beam_size == 1, joiners=self.joiners)
         future = self.submit_ids(sources, options, tgt_lang,
                                  on_tokens=(lambda i, tokens: put(("tokens", i, tokens))) if events.deltas else None,
                                  on_sentence=lambda i, hyps: put(("done", i, hyps)))
