@@ -32,7 +32,7 @@ from prometheus_client import disable_created_metrics
 from uvicorn.config import STARTUP_FAILURE
 
 from twostep.serving.api import libretranslate, ops, v1
-from twostep.serving.middleware import Drain, RequestLog, RequestMetrics, RequireKey
+from twostep.serving.middleware import Drain, RequestLog, RequireKey
 from twostep.serving.service import API_KEYS_ENV, ServeConfig, Service, error, read_api_keys
 
 log = logging.getLogger("twostep.serving")
@@ -58,15 +58,14 @@ def build_app(config: ServeConfig) -> FastAPI:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors())
         return error(400, f"bad request: {problems}")
 
-    # the last added is the outermost: the log sees every request, the metrics the 401s
+    # the last added is the outermost: the log and the metrics see every request, the 401s too
     if config.api_key_digests:
         open_paths = OPEN_PATHS | libretranslate.PATHS  # which take their key in the body too, and check it
         app.add_middleware(RequireKey, digests=config.api_key_digests,
                            open_paths=open_paths if config.protect_metrics else open_paths | {"/metrics"})
     app.add_middleware(Drain, draining=lambda: service.draining)
-    app.add_middleware(RequestMetrics, apis={"/v1/translate": "v1", "/translate": "libretranslate"},
+    app.add_middleware(RequestLog, apis={"/v1/translate": "v1", "/translate": "libretranslate"},
                        counter=service.metrics.requests, histogram=service.metrics.latency)
-    app.add_middleware(RequestLog)
     return app
 
 

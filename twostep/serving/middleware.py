@@ -1,7 +1,7 @@
 """The middleware every API of `twostep serve` shares, each plain ASGI (Starlette's BaseHTTPMiddleware costs a
-task and a stream per request, and reads bodies it need not): one log line per request (RequestLog), each
-translation API's request count and latency (RequestMetrics), `Connection: close` while draining (Drain), and
-API keys (RequireKey, `known_key`)."""
+task and a stream per request, and reads bodies it need not): one log line per request, with each translation
+API's request count and latency (RequestLog), `Connection: close` while draining (Drain), and API keys
+(RequireKey, `known_key`)."""
 
 from __future__ import annotations
 
@@ -21,41 +21,18 @@ def routed_path(scope) -> str:
 
 
 class RequestLog:
-    """One log line per HTTP request: method, path, status, milliseconds."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started, status = time.perf_counter(), [500]
-
-        async def sending(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            log.info("%s %s %d %.1f ms", scope["method"], scope["path"], status[0],
-                     1000 * (time.perf_counter() - started))
-
-
-class RequestMetrics:
-    """Each translation API's requests by status and their latency (to the end of the body: a stream's last
-    event), for the paths of `apis` (path -> the API's label); 499 for a client that went away first. `counter`
-    and `histogram` are labelled (api, status) and (api,)."""
+    """One log line per HTTP request (method, path, status, milliseconds) and, for the paths of `apis` (path ->
+    the translation API's label), its count by status and its latency (to the end of the body: a stream's last
+    event) in `counter` and `histogram`, labelled (api, status) and (api,); 499 for a client that went away first."""
 
     def __init__(self, app, apis: Mapping[str, str], counter, histogram):
         self.app, self.apis, self.counter, self.histogram = app, apis, counter, histogram
 
     async def __call__(self, scope, receive, send):
-        api = self.apis.get(routed_path(scope)) if scope["type"] == "http" else None
-        if api is None:
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started, status = time.perf_counter(), [499]
+        api = self.apis.get(routed_path(scope))
+        started, status = time.perf_counter(), [499 if api else 500]
 
         async def sending(message):
             if message["type"] == "http.response.start":
@@ -65,8 +42,11 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, sending)
         finally:
-            self.counter.labels(api, str(status[0])).inc()
-            self.histogram.labels(api).observe(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            if api is not None:
+                self.counter.labels(api, str(status[0])).inc()
+                self.histogram.labels(api).observe(seconds)
+            log.info("%s %s %d %.1f ms", scope["method"], scope["path"], status[0], 1000 * seconds)
 
 
 class Drain:

@@ -86,7 +86,7 @@ class NotReady(TwostepError):
 
 
 class PrometheusMetrics(Metrics):
-    """The server's metrics: the engine's (Metrics) and each translation API's requests (RequestMetrics)."""
+    """The server's metrics: the engine's (Metrics) and each translation API's requests (middleware.RequestLog)."""
 
     def __init__(self, registry: CollectorRegistry):
         self.requests = Counter("twostep_requests", "HTTP requests to a translation endpoint (api: v1 for "
