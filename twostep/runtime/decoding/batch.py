@@ -118,7 +118,6 @@ class RunningBatch:
         self.forced_at = np.zeros(0, np.int64)  # each row's next forced column
         self.free: list[int] = []
         self.rows = 0
-        self.streaming = 0  # sentences decoding whose owner wants their tokens so far
 
     @property
     def sentences(self) -> int:
@@ -130,6 +129,11 @@ class RunningBatch:
 
     def owners(self) -> list:
         return [owner for g in self.groups.values() for owner in g.owners]
+
+    @property
+    def streaming(self) -> int:
+        """Sentences decoding whose owner wants their tokens so far."""
+        return sum(g.streaming for g in self.groups.values())
 
     def progress(self) -> list[tuple[object, list[int]]]:
         """(owner, tokens so far) of each sentence still decoding that streams and has generated a token past
@@ -173,7 +177,6 @@ class RunningBatch:
                 [list(entries[i].source) for i in mine], [entries[i].limit for i in mine],
                 [entries[i].owner for i in mine], np.concatenate([rows[first[i] : first[i + 1]] for i in mine]),
                 [len(entries[i].prefix) for i in mine], [entries[i].stream for i in mine])
-        self.streaming += sum(e.stream for e in entries)
         return done
 
     def force(self, entries: Sequence[Entry], counts: np.ndarray, rows: np.ndarray) -> None:
@@ -231,9 +234,7 @@ class RunningBatch:
                         origin = np.arange(self.rows)
                     origin[g.at[moving]] = g.at[local_origin[moving]]
             if not stay.all():
-                streaming = g.streaming
                 freed.append(g.leave(stay))
-                self.streaming -= streaming - g.streaming
             if not len(g):
                 g.close()
                 del self.groups[key]
