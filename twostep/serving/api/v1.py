@@ -87,18 +87,18 @@ class TranslateResponse(BaseModel):
 
 
 def hypotheses(plan: DocumentPlan, results: list, decode) -> list[list[dict]]:
-    """Each text's hypotheses from its sentences': a one-sentence text keeps its n-best, in its whitespace; a
-    text of several sentences has one, their best joined (DocumentPlan.join_nbest's rule), with each sentence's."""
+    """Each text's hypotheses from its sentences' (DocumentPlan.join_nbest's rule: a one-sentence text keeps its
+    n-best, in its whitespace; a text of several sentences has one, their best joined), with the tokens of a
+    one-sentence text's, or each sentence's best."""
+    texts = [[(decode(h.tokens), h.score) for h in hyps] for hyps in results]
     out = []
-    for doc, part in zip(plan.documents, plan.parts(results)):
+    for joined, part, part_texts in zip(plan.join_nbest(texts), plan.parts(results), plan.parts(texts)):
         if len(part) == 1:
-            out.append([{"text": doc.join([decode(h.tokens)]), "tokens": h.tokens, "score": h.score} for h in part[0]])
-        elif any(not hyps for hyps in part):
-            out.append([])
+            out.append([{"text": t, "tokens": h.tokens, "score": s} for (t, s), h in zip(joined, part[0])])
         else:
-            best = [{"text": decode(hyps[0].tokens), "tokens": hyps[0].tokens, "score": hyps[0].score} for hyps in part]
-            score = sum(b["score"] for b in best) / len(best)
-            out.append([{"text": doc.join([b["text"] for b in best]), "score": score, "sentences": best}])
+            sentences = [{"text": ts[0][0], "tokens": hyps[0].tokens, "score": hyps[0].score}
+                         for hyps, ts in zip(part, part_texts)]
+            out.append([{"text": t, "score": s, "sentences": sentences} for t, s in joined])
     return out
 
 
