@@ -141,6 +141,11 @@ class DocumentPlan:
 
     documents: tuple[Document, ...]
 
+    @classmethod
+    def sentences_of(cls, texts: Sequence[str]) -> DocumentPlan:
+        """The plan of texts that are each one sentence, as they are (nothing split, no gaps)."""
+        return cls(tuple(Document((text,), ("", "")) for text in texts))
+
     @property
     def sentences(self) -> list[str]:
         return [s for doc in self.documents for s in doc.sentences]

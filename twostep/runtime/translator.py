@@ -138,20 +138,38 @@ class Translator:
         """Each text as a document (twostep.runtime.documents): all texts' sentences, each within max_positions
         once encoded with its language tokens (a longer one cut further), and the plan that joins their
         translations back into the texts, with the whitespace and line breaks between sentences kept."""
+        sentences, plan, _ = self.documents(texts, src_lang, tgt_lang)
+        return sentences, plan
+
+    def encode_documents(self, texts: Sequence[str], src_lang: str | None = None,
+                         tgt_lang: str | None = None) -> tuple[list[list[int]], DocumentPlan]:
+        """split_documents' sentences as source ids (encode's), and its plan: each sentence is tokenized once,
+        by the split that measures it."""
+        sentences, plan, encoded = self.documents(texts, src_lang, tgt_lang)
+        return [encoded[s] for s in sentences], plan
+
+    def documents(self, texts: Sequence[str], src_lang: str | None,
+                  tgt_lang: str | None) -> tuple[list[str], DocumentPlan, dict[str, list[int]]]:
         if self.tokenizer is None:
             raise BadInput("this model has no tokenizer: text translation needs one (token-id APIs work without)")
         self.tokenizer.check_languages(src_lang, tgt_lang)
+        encoded: dict[str, list[int]] = {}  # every piece the split measured, with its ids
+
+        def count(piece: str) -> int:
+            if piece not in encoded:
+                encoded[piece] = self.tokenizer.encode_source(piece, src_lang, tgt_lang)
+            return len(encoded[piece])
+
         lang = self.tokenizer.spec.languages.pick("source", src_lang)
-        return split_documents(texts, lang, lambda s: len(self.tokenizer.encode_source(s, src_lang, tgt_lang)),
-                               self.limits.max_positions)
+        return *split_documents(texts, lang, count, self.limits.max_positions), encoded
 
     def translate(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
                   tgt_lang: str | None = None, split: bool = False) -> list[str]:
         """Each text's translation. `split`: each text is a document, translated sentence by sentence
         (split_documents); else each text is one sentence."""
         if split:
-            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
-            return plan.join(self.translate(sentences, options, src_lang, tgt_lang))
+            ids, plan = self.encode_documents(texts, src_lang, tgt_lang)
+            return plan.join(self.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang)))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 
@@ -161,8 +179,8 @@ class Translator:
         """Each text's hypotheses as (text, score). `split`: as translate's; a text of several sentences then has
         one hypothesis, its sentences' best joined (DocumentPlan.join_nbest)."""
         if split:
-            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
-            return plan.join_nbest(self.translate_nbest(sentences, options, src_lang, tgt_lang))
+            ids, plan = self.encode_documents(texts, src_lang, tgt_lang)
+            return plan.join_nbest(self.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang)))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
 

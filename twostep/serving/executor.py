@@ -119,23 +119,27 @@ class BatchingTranslator:
         their translations back, as Translator.split_documents."""
         return self.translator.split_documents(texts, src_lang, tgt_lang)
 
+    def sources(self, texts: Sequence[str], src_lang: str | None, tgt_lang: str | None,
+                split: bool) -> tuple[list[list[int]], DocumentPlan | None]:
+        """The source ids of `texts`; with `split`, of each text's sentences (all of them rows of one request),
+        and the plan that joins their translations back (Translator.encode_documents)."""
+        if split:
+            return self.translator.encode_documents(texts, src_lang, tgt_lang)
+        return self.encode(texts, src_lang, tgt_lang), None
+
     def translate(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
                   tgt_lang: str | None = None, split: bool = False) -> list[str]:
         """`split`: each text is a document, its sentences rows of one request (Translator.translate)."""
-        if split:
-            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
-            return plan.join(self.translate(sentences, options, src_lang, tgt_lang))
-        ids = self.encode(texts, src_lang, tgt_lang)
-        return self.translator.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
+        ids, plan = self.sources(texts, src_lang, tgt_lang, split)
+        out = self.translator.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
+        return plan.join(out) if plan else out
 
     def translate_nbest(self, texts: Sequence[str], options: DecodeOptions | None = None,
                         src_lang: str | None = None, tgt_lang: str | None = None,
                         split: bool = False) -> list[list[tuple[str, float]]]:
-        if split:
-            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
-            return plan.join_nbest(self.translate_nbest(sentences, options, src_lang, tgt_lang))
-        ids = self.encode(texts, src_lang, tgt_lang)
-        return self.translator.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
+        ids, plan = self.sources(texts, src_lang, tgt_lang, split)
+        out = self.translator.nbest_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
+        return plan.join_nbest(out) if plan else out
 
     async def decode_ids_async(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                                tgt_lang: str | None = None) -> list[list[Hypothesis]]:
@@ -145,20 +149,16 @@ class BatchingTranslator:
     async def translate_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
                               src_lang: str | None = None, tgt_lang: str | None = None,
                               split: bool = False) -> list[str]:
-        if split:
-            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
-            return plan.join(await self.translate_async(sentences, options, src_lang, tgt_lang))
-        ids = self.encode(texts, src_lang, tgt_lang)
-        return self.translator.best_texts(await self.decode_ids_async(ids, options, tgt_lang))
+        ids, plan = self.sources(texts, src_lang, tgt_lang, split)
+        out = self.translator.best_texts(await self.decode_ids_async(ids, options, tgt_lang))
+        return plan.join(out) if plan else out
 
     async def translate_nbest_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
                                     src_lang: str | None = None, tgt_lang: str | None = None,
                                     split: bool = False) -> list[list[tuple[str, float]]]:
-        if split:
-            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
-            return plan.join_nbest(await self.translate_nbest_async(sentences, options, src_lang, tgt_lang))
-        ids = self.encode(texts, src_lang, tgt_lang)
-        return self.translator.nbest_texts(await self.decode_ids_async(ids, options, tgt_lang))
+        ids, plan = self.sources(texts, src_lang, tgt_lang, split)
+        out = self.translator.nbest_texts(await self.decode_ids_async(ids, options, tgt_lang))
+        return plan.join_nbest(out) if plan else out
 
     def submit_stream(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None,
                       tgt_lang: str | None, put: Callable[[tuple | None], None]) -> tuple[Future, Events]:
@@ -193,14 +193,6 @@ class BatchingTranslator:
             out += events.tokens(sentence, tokens)
         return out
 
-    def sentences(self, texts: Sequence[str], src_lang: str | None, tgt_lang: str | None,
-                  split: bool) -> tuple[list[list[int]], TextEvents | None]:
-        """The source ids a stream decodes; with `split`, of each text's sentences, and what adds TextDone."""
-        if not split:
-            return self.encode(texts, src_lang, tgt_lang), None
-        sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
-        return self.encode(sentences, src_lang, tgt_lang), TextEvents(plan)
-
     def stream(self, texts: Sequence[str], options: DecodeOptions | None = None, src_lang: str | None = None,
                tgt_lang: str | None = None, split: bool = False) -> Iterator[Event]:
         """translate() as it decodes, as Translator.stream: Delta and SentenceDone events (runtime.streaming);
@@ -208,7 +200,8 @@ class BatchingTranslator:
         sentences share the running batch with every other request. Closing the iterator before its end (or
         leaving a for loop over it) cancels the request: its rows leave the batch. Raises what the request
         fails with."""
-        ids, texts_done = self.sentences(texts, src_lang, tgt_lang, split)
+        ids, plan = self.sources(texts, src_lang, tgt_lang, split)
+        texts_done = TextEvents(plan) if plan else None
         items: queue.SimpleQueue = queue.SimpleQueue()
         future, events = self.submit_stream(ids, options, tgt_lang, items.put)
         try:
@@ -259,7 +252,8 @@ class BatchingTranslator:
                            src_lang: str | None = None, tgt_lang: str | None = None,
                            split: bool = False) -> AsyncIterator[Event]:
         """stream() for coroutines (stream_ids_async)."""
-        ids, texts_done = self.sentences(texts, src_lang, tgt_lang, split)
+        ids, plan = self.sources(texts, src_lang, tgt_lang, split)
+        texts_done = TextEvents(plan) if plan else None
         async with contextlib.aclosing(self.stream_ids_async(ids, options, tgt_lang, texts_done)) as events:
             async for event in events:
                 yield event

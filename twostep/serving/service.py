@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from twostep.artifact.tokenizer import model_tag
 from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
 from twostep.runtime.decoding import DecodeOptions
-from twostep.runtime.documents import Document, DocumentPlan
+from twostep.runtime.documents import DocumentPlan
 from twostep.serving.engine import Metrics
 from twostep.serving.executor import BatchingTranslator, batching_advice, open_batching_translator
 from twostep.serving.limits import BatchLimits
@@ -195,13 +195,13 @@ class Service:
         sentence."""
         translator = self.running()
         self.check_size(texts)
+        self.check_sentences(len(texts))  # before the work of splitting, as after it
         if split:
-            self.check_sentences(len(texts))  # before the work of splitting, as after it
-            sentences, plan = translator.split_documents(texts, src_lang, tgt_lang)
+            sources, plan = translator.translator.encode_documents(texts, src_lang, tgt_lang)
         else:
-            sentences, plan = list(texts), DocumentPlan(tuple(Document((t,), ("", "")) for t in texts))
-        self.check_sentences(len(sentences))
-        return translator.encode(sentences, src_lang, tgt_lang), plan
+            sources, plan = translator.encode(texts, src_lang, tgt_lang), DocumentPlan.sentences_of(texts)
+        self.check_sentences(len(sources))
+        return sources, plan
 
     def submit(self, sources: Sequence[Sequence[int]], options: DecodeOptions,
                tgt_lang: str | None = None) -> Future:
