@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "decoding.h"
+#include "scripted_session.h"
 #include "stream.h"
 #include "twostep/twostep.h"
 
@@ -126,28 +127,6 @@ TEST_CASE("text deltas: text a later token rewrites is not shown until it stands
 // --- the decoding loop's news, on a scripted session
 
 namespace {
-constexpr int64_t kStart = 2, kEos = 3, kPad = 0, kForced = 7;
-const twostep::detail::Specials kSpecials{kStart, kEos, kPad, {}};
-
-// Every row gets the same logits, those of the step (the last row of the script once past it): 4, 5, then eos.
-struct Scripted : twostep::detail::StepSession {
-  std::vector<std::vector<float>> script = {
-      {0, 0, 0, 1, 5, 2, 0, 0}, {0, 0, 0, 1, 2, 5, 0, 0}, {0, 0, 0, 6, 1, 1, 0, 0}};
-  std::vector<float> logits;
-  int64_t rows = 0, steps = 0;
-
-  void start(const std::vector<Ids>& sources) override { rows = sources.size(), steps = 0; }
-  float* step(const Ids&) override {
-    const auto& row = script[std::min<size_t>(steps++, script.size() - 1)];
-    logits.clear();
-    for (int64_t r = 0; r < rows; ++r) logits.insert(logits.end(), row.begin(), row.end());
-    return logits.data();
-  }
-  void expand(const std::vector<int64_t>& keep) override { rows = keep.size(); }
-  void reorder(const std::vector<int64_t>&) override {}
-  int64_t vocab() const override { return script[0].size(); }
-};
-
 struct News {
   size_t row;
   Ids tokens;
@@ -171,7 +150,7 @@ twostep::detail::Progress recorder(std::vector<News>& news, size_t stop_at = 0) 
 }  // namespace
 
 TEST_CASE("greedy streams each step's news: forced tokens not shown, every row finished once") {
-  Scripted session;
+  ScriptedSession session;
   const std::vector<Ids> sources = {{5, 3}, {6, 3}};
   const std::vector<Ids> forced = {{kForced}, {}};
   std::vector<News> news;
@@ -192,17 +171,17 @@ TEST_CASE("greedy streams each step's news: forced tokens not shown, every row f
     CHECK(twostep::detail::greedy(session, sources, kSpecials, 10, false, forced, recorder(news, 2)) ==
           std::vector<Ids>{{5}, {4, 5}});
     CHECK(news.size() == 2);
-    CHECK(session.steps == 2);
+    CHECK(session.fed.size() == 2);
     news.clear();
     CHECK(twostep::detail::greedy(session, sources, kSpecials, 10, false, {}, recorder(news, 1)) ==
           std::vector<Ids>{{4}, {4}});
     CHECK(news == std::vector<News>{{0, {4}, false}});
-    CHECK(session.steps == 1);
+    CHECK(session.fed.size() == 1);
   }
 }
 
 TEST_CASE("beam search streams each sentence once, when it ends, with its best hypothesis") {
-  Scripted session;
+  ScriptedSession session;
   const std::vector<Ids> sources = {{5, 3}, {6, 3}};
   const std::vector<Ids> forced = {{kForced}, {}};
   for (int max_new : {10, 2}) {  // 2: max_new_tokens ends them
