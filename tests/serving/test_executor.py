@@ -604,11 +604,14 @@ def test_a_consumer_that_stops_early_takes_its_rows_out_and_others_go_on(demo, t
         stream = ex.stream(long[1:], options)
         first = next(stream)  # a delta: its sentences are decoding
         stream.close()
+        closed_at = len(session.rows)  # steps run when the consumer left (the worker goes on meanwhile)
         assert isinstance(first, Delta)
         result = keep.result(60)
     assert len(result[0][0].tokens) == 60
     assert session.rows[0] == 3 and session.rows[-1] == 1 and len(session.rows) == 60  # its 2 rows left early
-    assert session.rows.count(3) < 10
+    # they leave at the step after the cancel (one may be running): not after however many steps the consumer's
+    # thread took to wake on a busy machine (that made a bound of 10 steps flaky under CI's load)
+    assert session.rows.count(3) <= closed_at + 2
 
 
 def test_an_async_consumer_that_is_cancelled_cancels_its_request(demo, test_sentences):
