@@ -5,6 +5,12 @@ per-op profile.
     python -m benchmarks.beam_profile ARTIFACT [--kv-cache auto|inplace|concat] [--loop vectorised|reference]
                                       [--search graph|logits] [--batch 32] [--beam 4] [--new-tokens 64]
                                       [--threads 2] [--ops 8]
+    python -m benchmarks.beam_profile ARTIFACT --attention [--rows 32,128] [--pasts 8,32,64] [--beam 4]
+
+`--attention` times one decoder layer's self-attention over the cache as each operator that can write it in
+place (benchmarks.attention: GroupQueryAttention, opset-24 TensorScatter + Attention, MultiHeadAttention,
+DecoderMaskedMultiHeadAttention with cache indirection, two batched MatMuls), at the artifact's heads and head
+size, with the beam reorder a layer costs without cache indirection, instead of the search.
 
 `--search logits` searches on the full logits on the host, as twostep did before the decoder's search outputs
 (`graph`, the default where the artifact has them). `--loop reference` runs the per-sentence beam loop twostep
@@ -94,8 +100,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ops", type=int, default=8, help="profiled steps for the per-op table (0: none)")
+    p.add_argument("--attention", action="store_true", help="time the self-attention variants instead")
+    p.add_argument("--rows", default="32,128", help="--attention: the row counts (batch x beam)")
+    p.add_argument("--pasts", default="8,32,64", help="--attention: the cached positions")
+    p.add_argument("--iters", type=int, default=30, help="--attention: timed steps per cell (the median is shown)")
     args = p.parse_args(argv)
     artifact = load_artifact(args.artifact)
+    if args.attention:
+        from benchmarks import attention
+        from twostep.runtime.backends.ortlib import import_ort
+
+        c = artifact.config
+        print(f"{args.artifact.name}: one decoder layer's self-attention, {c.n_heads} heads of {c.head_dim_k}, "
+              f"{args.threads} threads, beam {args.beam}, µs per step (median of {args.iters})\n")
+        print(attention.measure(import_ort(), c.n_heads, c.head_dim_k, ints(args.rows), ints(args.pasts), args.beam,
+                                args.threads, args.iters))
+        return 0
     search = beam_loop(args.loop, decoding.Specials.of(artifact.config), args.beam, args.new_tokens)
     with OrtBackend(artifact, threads=args.threads, kv_cache=args.kv_cache) as backend:
         c = backend.config
@@ -119,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.ops:
         print(op_profile(artifact, args, decoder))
     return 0
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
 
 
 def op_profile(artifact, args, decoder: str) -> str:
