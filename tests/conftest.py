@@ -60,10 +60,11 @@ def demo_artifact(tmp_path_factory, demo_model_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_inplace(tmp_path_factory, demo_model_dir):
-    """The demo model exported as `twostep export` does by default: with the in-place decoder (ExportResult)."""
+    """The demo model exported as `twostep export` does by default, with the in-place decoder, and with its
+    standard form (`--variant decoder_inplace_standard`) besides (ExportResult)."""
     from twostep.exporter.export import export
 
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo-inplace") / "art")
+    return export(demo_model_dir, tmp_path_factory.mktemp("demo-inplace") / "art", also=["decoder_inplace_standard"])
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +94,8 @@ def base_export(tmp_path_factory):
 def demo_int8(tmp_path_factory, demo_model_dir) -> Path:
     from twostep.exporter.export import export
 
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo-int8") / "art", dtype="int8").path
+    return export(demo_model_dir, tmp_path_factory.mktemp("demo-int8") / "art", dtype="int8",
+                  also=["decoder_inplace_standard"]).path
 
 
 @pytest.fixture(scope="session")

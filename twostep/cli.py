@@ -175,6 +175,10 @@ def export(
         "decodes with: written by default wherever the model allows it (fp32 or int8, head size a multiple of "
         "8), sharing the plain decoder's weights. --inplace-cache insists on it; --no-inplace-cache leaves it "
         "out. The two plain graphs are written either way.")),
+    variant: list[str] = typer.Option([], "--variant", help=(
+        "Also write this variant (repeatable): decoder_inplace_standard is the in-place decoder in standard "
+        "ONNX (opset 24 TensorScatter + Attention), for runtimes other than ONNX Runtime's CPU provider "
+        "(docs/gpu.md); ort-cpu decodes with it only with kv_cache 'standard'.")),
     jobs: Optional[int] = typer.Option(None, min=1, show_default=False, help=(
         "Graphs built at once, in this process and in worker processes that each load the model (default: one "
         "a graph, at most one a core, within the memory available).")),
@@ -187,7 +191,7 @@ def export(
     variants = None if inplace_cache is None else [INPLACE] if inplace_cache else []
     with err.status("exporting") as status:
         result = run_export(ckpt_dir, out_dir, opset=opset, dtype=dtype, optimize=optimize, force=force,
-                            variants=variants, jobs=jobs, log=lambda m: status.update(m))
+                            variants=variants, also=variant, jobs=jobs, log=lambda m: status.update(m))
     worst = max(result.report.max_error.values(), default=0.0)
     out.print(f"wrote {result.path} in {result.seconds:.1f}s: {result.report.cases} shape cases validated, "
               f"max error {worst:.2e}")
@@ -242,8 +246,9 @@ def int_list(text: str, flag: str) -> list[int]:
 def bench(
     art_dir: Path = typer.Argument(..., help="Artifact directory."),
     backend: str = typer.Option("ort-cpu", help=(
-        "Comma-separated backends; ratios are to the first. ort-cpu:concat and ort-cpu:inplace pin ort-cpu's "
-        "decoder (the plain one, or the in-place one of an artifact exported with --inplace-cache).")),
+        "Comma-separated backends; ratios are to the first. ort-cpu:concat, ort-cpu:inplace and "
+        "ort-cpu:standard pin ort-cpu's decoder (the plain one, the in-place one, or the in-place one in "
+        "standard ONNX of an artifact exported with --variant decoder_inplace_standard).")),
     checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint, for the torch backend."),
     batch: str = typer.Option("1,32", help="Comma-separated batch sizes."),
     src_len: int = typer.Option(32, min=2),
@@ -349,8 +354,11 @@ def inspect(art_dir: Path = typer.Argument(..., help="Artifact directory.")) -> 
     out.print(f"{art_dir}: schema {SCHEMA_VERSION}, opset {m.opset}, {m.dtype}, "
               f"{c.d_model}d {c.n_encoder_layers}+{c.n_decoder_layers} layers {c.n_heads} heads, "
               f"vocab {c.src_vocab_size}/{c.tgt_vocab_size}, max positions {c.max_positions}")
+    needs = {"onnxruntime": "ONNX Runtime only"}  # what a variant's runtime says, in words
+
     titled = [(e.name, e.spec, f"{e.name} ({e.file})" if e.runtime is None else
-               f"{e.name} ({e.file}; ONNX Runtime only: {', '.join(e.ops)})") for e in m.graphs.values()]
+               f"{e.name} ({e.file}; {needs.get(e.runtime, e.runtime)}: {', '.join(e.ops)})")
+              for e in m.graphs.values()]
     for _, spec, title in titled:
         table = Table(title=title)
         for column in ("", "name", "dtype", "shape"):

@@ -9,7 +9,7 @@ import pytest
 
 from cli_helpers import assert_user_error, twostep
 from twostep.artifact import load_artifact
-from twostep.artifact.spec import INPLACE, INPLACE_FILE
+from twostep.artifact.spec import INPLACE, INPLACE_FILE, STANDARD_INPLACE
 from twostep.errors import BadArtifact
 
 
@@ -81,4 +81,4 @@ def test_an_unknown_variant_from_a_newer_twostep_is_ignored(demo_inplace, tmp_pa
     manifest = json.loads((art / "manifest.json").read_text())
     manifest["variants"]["decoder_someday"] = {"file": "someday.onnx"}
     (art / "manifest.json").write_text(json.dumps(manifest))
-    assert list(load_artifact(art).variants) == [INPLACE]
+    assert list(load_artifact(art).variants) == [INPLACE, STANDARD_INPLACE]

@@ -123,18 +123,21 @@ def test_a_default_export_carries_the_in_place_decoder_that_ort_cpu_and_serve_de
     """The fast path is the default: written wherever the model allows it, its shared weights stored once (as
     external data inside decoder.onnx, which stays what other runtimes read), chosen by ort-cpu, and a server
     batching in flight on it has nothing to warn about."""
-    from twostep.artifact.spec import INPLACE
+    from twostep.artifact.spec import GRAPHS, INPLACE, STANDARD_INPLACE
     from twostep.artifact.trust import external_data_locations
+    from twostep.exporter.export import chosen_variants
     from twostep.runtime.backends.ort import OrtBackend
     from twostep.serving.executor import batching_advice
     from twostep.serving.limits import BatchLimits
 
     art = load_artifact(demo_inplace.path)
-    assert list(art.variants) == [INPLACE]
-    assert external_data_locations(art.graph_file(INPLACE)) == {"decoder.onnx"}
+    assert chosen_variants(art.config, "fp32", None) == [GRAPHS[INPLACE]]  # the standard one only when asked
+    assert list(art.variants) == [INPLACE, STANDARD_INPLACE]  # (demo_inplace asks for it)
     assert external_data_locations(art.graph_file("decoder")) == set()
     plain = sum(art.graph_file(g).stat().st_size for g in art.graphs)
-    assert art.graph_file(INPLACE).stat().st_size < 0.15 * plain  # the packed projections, not a second decoder
+    for variant in (INPLACE, STANDARD_INPLACE):
+        assert external_data_locations(art.graph_file(variant)) == {"decoder.onnx"}
+        assert art.graph_file(variant).stat().st_size < 0.15 * plain  # the packed projections, not a second decoder
     with OrtBackend(art) as backend:
         assert backend.decoder == INPLACE and batching_advice(backend, BatchLimits()) is None
 

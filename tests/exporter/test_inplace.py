@@ -7,7 +7,7 @@ import torch
 
 from cli_helpers import assert_user_error, twostep
 from twostep.artifact import load_artifact
-from twostep.artifact.spec import INPLACE, INPLACE_FILE
+from twostep.artifact.spec import INPLACE, INPLACE_FILE, STANDARD_INPLACE, STANDARD_INPLACE_FILE
 from twostep.model.checkpoint import save_checkpoint
 from twostep.model.config import preset
 from twostep.model.transformer import Transformer
@@ -20,7 +20,7 @@ def test_export_adds_the_variant_beside_unchanged_plain_graphs(demo_inplace, dem
     plain = load_artifact(demo_artifact)
     assert art.graphs == plain.graphs  # the contract of TensorRT, C++ and other runtimes is untouched
     assert art.manifest.to_json()["graphs"] == plain.manifest.to_json()["graphs"]
-    assert list(art.variants) == [INPLACE]
+    assert list(art.variants) == [INPLACE, STANDARD_INPLACE]
     entry = art.manifest.to_json()["variants"][INPLACE]
     assert entry["file"] == INPLACE_FILE and entry["file"] in art.manifest.files
     assert entry["ops"] == ["com.microsoft.GroupQueryAttention"]
@@ -34,6 +34,27 @@ def test_export_adds_the_variant_beside_unchanged_plain_graphs(demo_inplace, dem
     assert shown.returncode == 0 and "decoder_inplace (decoder_inplace.onnx; ONNX Runtime only" in shown.stdout
     with OrtBackend(art, kv_cache="concat") as backend:
         assert not isinstance(backend.session(), InplaceSession)
+
+
+def test_the_standard_variant_is_plain_onnx_24_that_the_checker_accepts(demo_inplace):
+    """decoder_inplace_standard: the same I/O as the contrib variant, in standard operators only (opset 24's
+    TensorScatter and Attention for GroupQueryAttention), valid by onnx.checker's full check (with shapes);
+    the contrib one passes it too."""
+    import onnx
+
+    art = load_artifact(demo_inplace.path)
+    entry = art.manifest.to_json()["variants"][STANDARD_INPLACE]
+    assert entry["file"] == STANDARD_INPLACE_FILE and entry["file"] in art.manifest.files
+    assert (entry["runtime"], entry["ops"]) == ("opset 24", ["TensorScatter", "Attention"])
+    assert art.variants[STANDARD_INPLACE].inputs == art.variants[INPLACE].inputs  # the same I/O and binding
+    graph = onnx.load(art.graph_file(STANDARD_INPLACE), load_external_data=False)
+    assert [(o.domain, o.version) for o in graph.opset_import] == [("", 24)]
+    ops = {node.op_type for node in graph.graph.node}
+    assert {"TensorScatter", "Attention"} <= ops and "GroupQueryAttention" not in ops
+    for variant in (STANDARD_INPLACE, INPLACE):
+        onnx.checker.check_model(str(art.graph_file(variant)), full_check=True)
+    shown = twostep("inspect", demo_inplace.path)
+    assert f"{STANDARD_INPLACE} ({STANDARD_INPLACE_FILE}; opset 24: TensorScatter, Attention)" in shown.stdout
 
 
 def test_int8_in_place_decoder_agrees_with_fp32_eager(tmp_path, demo_model_dir):

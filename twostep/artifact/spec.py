@@ -185,6 +185,17 @@ def inplace_spec(config: ModelConfig, dtype: str = "float32") -> GraphSpec:
     return step_decoder_spec(config, dtype, INPLACE, "capacity", "capacity")
 
 
+# The in-place decoder in standard ONNX: opset 24's TensorScatter + Attention for the contrib op, the same I/O.
+STANDARD_INPLACE = "decoder_inplace_standard"
+STANDARD_INPLACE_FILE = "decoder_inplace_standard.onnx"
+STANDARD_OPSET = 24
+INPLACE_DECODERS = (INPLACE, STANDARD_INPLACE)  # the decoders whose cache is a buffer written in place
+
+
+def standard_inplace_spec(config: ModelConfig, dtype: str = "float32") -> GraphSpec:
+    return step_decoder_spec(config, dtype, STANDARD_INPLACE, "capacity", "capacity")
+
+
 def encoder_spec(config: ModelConfig, dtype: str = "float32") -> GraphSpec:
     return graph_specs(config, dtype)["encoder"]
 
@@ -211,6 +222,7 @@ class GraphInfo:
     ops: tuple[str, ...] = ()
     unsupported: Callable[[ModelConfig, str], str | None] = lambda config, precision: None
     shares: str | None = None
+    default: bool = True  # written by `twostep export` unless left out (False: only when asked for)
 
     @property
     def variant(self) -> bool:
@@ -224,5 +236,8 @@ GRAPHS: dict[str, GraphInfo] = {info.name: info for info in (
     GraphInfo(INPLACE, INPLACE_FILE, inplace_spec, "twostep.exporter.inplace:export_inplace",
               runtime="onnxruntime", ops=("com.microsoft.GroupQueryAttention",), unsupported=inplace_unsupported,
               shares="decoder"),
+    GraphInfo(STANDARD_INPLACE, STANDARD_INPLACE_FILE, standard_inplace_spec,
+              "twostep.exporter.inplace:export_standard",
+              runtime=f"opset {STANDARD_OPSET}", ops=("TensorScatter", "Attention"), shares="decoder", default=False),
 )}
 CONTRACT = tuple(name for name, info in GRAPHS.items() if not info.variant)  # every artifact's two graphs

@@ -38,10 +38,17 @@ from twostep.errors import BadInput, ParityFailure
 from twostep.exporter import shared
 from twostep.exporter.graphs import TRACE_SIZES
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
-from twostep.exporter.validate import EXPORT_GRID, TOLERANCES, ParityReport, check_declaration, compare_backend
+from twostep.exporter.validate import (
+    EXPORT_GRID,
+    TOLERANCES,
+    ParityReport,
+    check_declaration,
+    compare_backend,
+    compare_sessions,
+)
 from twostep.files import output_directory
 from twostep.model.checkpoint import load_checkpoint
-from twostep.runtime.backends.ort import OrtBackend
+from twostep.runtime.backends.ort import KV_CACHES, OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
 
 # --dtype -> (graph I/O dtype, weight precision)
@@ -75,7 +82,7 @@ def chosen_variants(config, precision: str, variants: Collection[str] | None) ->
     """The variants to write: those named (each must suit the model), or (None) every one the model allows."""
     known = [info for info in GRAPHS.values() if info.variant]
     if variants is None:
-        return [info for info in known if not info.unsupported(config, precision)]
+        return [info for info in known if info.default and not info.unsupported(config, precision)]
     unknown = sorted(set(variants) - {info.name for info in known})
     if unknown:
         raise BadInput(f"unknown graph variant(s) {', '.join(unknown)}; this twostep writes "
@@ -164,11 +171,13 @@ def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo]
 
 
 def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str = "fp32", optimize: bool = False,
-           force: bool = False, variants: Collection[str] | None = None, jobs: int | None = None,
+           force: bool = False, variants: Collection[str] | None = None, also: Collection[str] = (),
+           jobs: int | None = None,
            log=lambda message: None) -> ExportResult:
     """`optimize`: apply ONNX Runtime's transformer fusions to the contract's graphs (ONNX Runtime only:
     TensorRT cannot parse them). `variants`: the variant graphs to write besides the contract's two (e.g.
-    ["decoder_inplace"]; [] for none); None writes every one the model allows.
+    ["decoder_inplace"]; [] for none); None writes every default one the model allows
+    (decoder_inplace_standard only when named); `also`: variants to write besides those.
     `force`: replace an earlier artifact at `out_dir` (never anything else; see twostep.files).
     `jobs`: processes building the graphs (default_jobs when None)."""
     if dtype not in DTYPES:
@@ -179,7 +188,9 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
     ckpt = load_checkpoint(ckpt_dir)
     model = ckpt.model.eval()
     onnx_dtype, precision = DTYPES[dtype]
-    graphs = [GRAPHS[name] for name in CONTRACT] + chosen_variants(model.config, precision, variants)
+    chosen = chosen_variants(model.config, precision, variants)
+    chosen += [info for info in chosen_variants(model.config, precision, also) if info not in chosen]
+    graphs = [GRAPHS[name] for name in CONTRACT] + chosen
     out_dir = Path(out_dir)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     jobs = default_jobs(len(graphs), parameter_bytes) if jobs is None else max(1, jobs)
@@ -216,6 +227,10 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
         log("validating against eager PyTorch on the export's shape grid")
         with OrtBackend(load_artifact(tmp)) as candidate, TorchBackend(model) as reference:
             report = compare_backend(candidate, reference, precision, EXPORT_GRID)  # with the decoder it decodes with
+            for kv_cache, decoder in KV_CACHES.items():  # and each other variant decoder, step by step
+                if decoder in entries and decoder not in (candidate.decoder, "decoder"):
+                    with OrtBackend(load_artifact(tmp), kv_cache=kv_cache) as other:
+                        compare_sessions(other, reference, precision, report, grid=EXPORT_GRID)
         if not report.ok:
             raise ParityFailure(f"{len(report.failures)} parity failure(s) after export:\n  "
                                 + "\n  ".join(report.failures[:50]))

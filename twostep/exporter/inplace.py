@@ -17,6 +17,16 @@ decoder_inplace  input_ids [batch, new_len], encoder_attention_mask [batch, src_
 It is recorded in the manifest under `variants`, next to the two plain graphs, which stay what TensorRT,
 the C++ library and other runtimes read. ONNX Runtime's CPU kernel needs head_dim a multiple of 8, equal
 key and value head sizes, and one new token per step once the cache holds a past (or a batch of one).
+
+`decoder_inplace_standard` is the same graph, I/O and binding in standard ONNX (opset 24) instead of the
+contrib op: each layer writes its new K/V into the buffers with `TensorScatter` (at each row's length, the
+`write_indices`) and attends over them with `Attention`, whose boolean mask (rows, 1, new_len, capacity),
+computed once a step from the lengths, lets query t of row r see positions up to past_lengths[r] + t. Any
+runtime with opset 24 runs it, in place where past and present are bound to one buffer; the mask rather than
+Attention's `nonpad_kv_seqlen` because TensorRT's parser refuses the latter. It takes several new tokens on a
+past too. On ONNX Runtime's CPU provider it is the slower of the two (Attention-24 works over the whole
+capacity, GroupQueryAttention over each row's length: docs/benchmarks.md), so ort-cpu decodes with it only
+when asked (kv_cache "standard").
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.export import Dim
 
-from twostep.artifact.spec import inplace_spec, search_width
+from twostep.artifact.spec import STANDARD_OPSET, inplace_spec, search_width, standard_inplace_spec
 from twostep.exporter.graphs import TRACE_SIZES, example_inputs, trace
 from twostep.model.graphs import flatten, pairs, search_outputs
 from twostep.model.transformer import KV, Transformer
@@ -56,6 +66,32 @@ def onnx_group_query_attention(qkv, past_key, past_value, seqlens_k, total_seque
                      num_heads=num_heads, kv_num_heads=num_heads, scale=scale)
 
 
+@torch.library.custom_op("twostep::cache_attention", mutates_args=())
+def cache_attention(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor, past_value: Tensor, write_indices: Tensor,
+                    mask: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Stands for TensorScatter + Attention (opset 24) while tracing: q, k, v (B, H, T, Dh) of the new tokens,
+    the buffers (B, H, capacity, Dh), each row's write position and the mask (B, 1, T, capacity)."""
+    raise NotImplementedError("twostep::cache_attention only exists to be exported to ONNX")
+
+
+@cache_attention.register_fake
+def _(q, k, v, past_key, past_value, write_indices, mask, scale):
+    return torch.empty_like(q), torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+def onnx_cache_attention(q, k, v, past_key, past_value, write_indices, mask, scale: float):
+    import onnxscript
+    from onnx.defs import get_schema
+
+    def op(name):
+        return onnxscript.values.Op(onnxscript.values.Opset("", 24), name, get_schema(name, 24))
+
+    key = op("TensorScatter")(past_key, k, write_indices, axis=-2)
+    value = op("TensorScatter")(past_value, v, write_indices, axis=-2)
+    attended = op("Attention")(q, key, value, mask, scale=scale)  # the outputs its schema declares: Y first
+    return (attended[0] if isinstance(attended, tuple) else attended), key, value
+
+
 def _ort_op():
     """The contrib op for onnxscript, which knows no com.microsoft schemas: declared here, inputs and
     attributes as ONNX Runtime's contrib_defs give them (the optional rotary/bias inputs left out)."""
@@ -76,13 +112,13 @@ def _ort_op():
 
 
 class InplaceDecoderGraph(nn.Module):
-    """The model's decode_step, with each layer's cached self-attention handed to the contrib op. Its three
-    projections are one (their weights stacked): one matrix product a layer instead of three, which at batch
-    1 (where each product's fixed cost counts) is a tenth of a step, and the op takes the packed result."""
+    """The model's decode_step, with each layer's cached self-attention handed to the contrib op (or, `standard`,
+    to TensorScatter + Attention). Its three projections are one (their weights stacked): one matrix product a
+    layer instead of three, which at batch 1 (where each product's fixed cost counts) is a tenth of a step."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, standard: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.standard = model, standard
         for i, layer in enumerate(model.decoder.layers):
             attn = layer.self_attn
             weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
@@ -97,22 +133,32 @@ class InplaceDecoderGraph(nn.Module):
         seqlens_k = (past_lengths + (new_len - 1)).to(torch.int32)  # each row's total length - 1
         total = (past_lengths.max() + new_len).to(torch.int32)
         layers = iter(range(len(self.model.decoder.layers)))  # decode_step attends layer by layer, in order
+        if self.standard:  # query t of row r sees positions up to past_lengths[r] + t: (B, 1, T, capacity)
+            query_pos = past_lengths[:, None] + torch.arange(new_len, device=input_ids.device)
+            mask = (torch.arange(past_self[0].shape[2], device=input_ids.device) <= query_pos[:, :, None])[:, None]
 
         def attend(attn: nn.Module, h: Tensor, past: KV) -> tuple[Tensor, KV]:
             i = next(layers)
             qkv = F.linear(h, getattr(self, f"qkv_weight_{i}"), getattr(self, f"qkv_bias_{i}", None))
-            out, key, value = torch.ops.twostep.group_query_attention(
-                qkv, past[0], past[1], seqlens_k, total, attn.n_heads, 1.0 / math.sqrt(attn.d_k))
-            return attn.out_proj(out), (key, value)
+            scale = 1.0 / math.sqrt(attn.d_k)
+            if not self.standard:
+                out, key, value = torch.ops.twostep.group_query_attention(
+                    qkv, past[0], past[1], seqlens_k, total, attn.n_heads, scale)
+                return attn.out_proj(out), (key, value)
+            b, t, _ = qkv.shape
+            sizes = [attn.n_heads * attn.d_k, attn.n_heads * attn.d_k, attn.n_heads * attn.d_v]
+            q, k, v = (x.view(b, t, attn.n_heads, -1).transpose(1, 2) for x in qkv.split(sizes, dim=-1))
+            out, key, value = torch.ops.twostep.cache_attention(q, k, v, past[0], past[1], past_lengths, mask, scale)
+            return attn.out_proj(out.transpose(1, 2).reshape(b, t, -1)), (key, value)
 
         logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
                                                  pairs(past_cross), past_lengths, attend)
         return logits, flatten(present), *search_outputs(logits, search_width(self.model.config))
 
 
-def export_inplace(model: Transformer, path: Path, opset: int) -> None:
+def export_inplace(model: Transformer, path: Path, opset: int, standard: bool = False) -> None:
     """Trace with a cache buffer of capacity `past_len + new_len` of the plain trace sizes."""
-    spec = inplace_spec(model.config)
+    spec = (standard_inplace_spec if standard else inplace_spec)(model.config)
     ids, mask, _, past, cross = example_inputs(model, "decoder")
     b, p = ids.shape[0], TRACE_SIZES["past_len"]
     capacity = p + TRACE_SIZES["new_len"] + 1
@@ -128,5 +174,12 @@ def export_inplace(model: Transformer, path: Path, opset: int) -> None:
     shapes = [axes(t.shape) for t in spec.inputs]
     n_self = len(spec.past_self)
     dynamic = (shapes[0], shapes[1], shapes[2], shapes[3 : 3 + n_self], shapes[3 + n_self :])
-    trace(InplaceDecoderGraph(model).eval(), (ids, mask, lengths, buffers, cross), dynamic, spec, path, opset,
-          custom_translation_table={torch.ops.twostep.group_query_attention.default: onnx_group_query_attention})
+    translations = {torch.ops.twostep.group_query_attention.default: onnx_group_query_attention,
+                    torch.ops.twostep.cache_attention.default: onnx_cache_attention}
+    trace(InplaceDecoderGraph(model, standard).eval(), (ids, mask, lengths, buffers, cross), dynamic, spec, path,
+          max(opset, STANDARD_OPSET) if standard else opset, custom_translation_table=translations)
+
+
+def export_standard(model: Transformer, path: Path, opset: int) -> None:
+    """The in-place decoder in opset 24's TensorScatter + Attention (at opset 24 whatever the artifact's)."""
+    export_inplace(model, path, opset, standard=True)

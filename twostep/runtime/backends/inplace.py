@@ -1,4 +1,4 @@
-"""ort-cpu's step session over the in-place decoder (twostep.exporter.inplace).
+"""ort-cpu's step session over an in-place decoder (twostep.exporter.inplace: the contrib one or the standard).
 
 The self-attention cache is one host buffer per layer and kind, (rows, heads, capacity, head_dim), bound
 with IO binding as both the past input and the present output, so ONNX Runtime writes each step's K/V into
@@ -29,9 +29,10 @@ class InplaceSession(HostSession):
     """The encoder runs as for the plain decoder (HostSession); the decoder's cache is this session's own."""
 
     def __init__(self, backend):
-        super().__init__(backend, INPLACE, own_cache=True)
+        super().__init__(backend, backend.decoder, own_cache=True)
         self.ort = import_ort()
-        self.session = backend.sessions[INPLACE]
+        self.session = backend.sessions[backend.decoder]
+        self.one_token = backend.decoder == INPLACE  # GroupQueryAttention's CPU kernel: one new token on a past
         self.self_names = [t.name for t in self.decoder.past_self]
         self.dtype = NUMPY_DTYPES[self.decoder.past_self[0].dtype]
         self.capacity = 0
@@ -96,7 +97,7 @@ class InplaceSession(HostSession):
 
     def run_decoder(self, input_ids: np.ndarray, need_logits: bool = True) -> tuple[dict, dict]:
         new, longest, rows = input_ids.shape[1], self.rows.longest, self.rows.rows
-        if new > 1 and longest > 0 and rows > 1:
+        if self.one_token and new > 1 and longest > 0 and rows > 1:
             raise BadInput("the in-place decoder takes one new token per step once the cache holds a past "
                            "(ONNX Runtime's GroupQueryAttention); feed tokens one at a time or use kv_cache='concat'")
         self.reserve(longest + new)

@@ -8,7 +8,7 @@ Each picks its decoder from the artifact's graph entries: the first of `decoders
 from __future__ import annotations
 
 from twostep.artifact import Artifact, check_ledger, record_ledger
-from twostep.artifact.spec import INPLACE, GraphSpec
+from twostep.artifact.spec import INPLACE, INPLACE_DECODERS, STANDARD_INPLACE, GraphSpec
 from twostep.errors import BackendUnavailable, BadArtifact, BadInput
 from twostep.runtime.backends.base import Backend, Feeds
 from twostep.runtime.backends.inplace import InplaceSession
@@ -16,16 +16,19 @@ from twostep.runtime.backends.iobinding import IoBindingSession
 from twostep.runtime.backends.ortlib import import_ort, installed_ort_wheels
 from twostep.runtime.backends.session import HostSession
 
-KV_CACHES = {"auto": None, "inplace": INPLACE, "concat": "decoder"}  # kv_cache -> the decoder it pins
+# kv_cache -> the decoder it pins
+KV_CACHES = {"auto": None, "inplace": INPLACE, "standard": STANDARD_INPLACE, "concat": "decoder"}
 
 
 class OrtBackend(Backend):
-    """`kv_cache`: "inplace" decodes with the artifact's in-place decoder (twostep.exporter.inplace), "concat"
-    with the plain decoder, "auto" (the default) with the in-place one where the artifact has it."""
+    """`kv_cache`: "inplace" decodes with the artifact's in-place decoder (twostep.exporter.inplace), "standard"
+    with its opset-24 form (written only when asked for, slower on this provider), "concat" with the plain
+    decoder, "auto" (the default) with the in-place one where the artifact has it."""
 
     name = "ort-cpu"
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    decoders: tuple[str, ...] = (INPLACE, "decoder")  # those it runs, preferred first (the in-place kernel is CPU)
+    # those it runs, preferred first (the contrib in-place kernel is CPU; the standard one is slower here)
+    decoders: tuple[str, ...] = (INPLACE, "decoder", STANDARD_INPLACE)
     spin_between_runs = False  # pool threads stop spinning when a run returns (session_options)
 
     def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all",
@@ -40,14 +43,15 @@ class OrtBackend(Backend):
         if pinned is not None and pinned not in self.decoders:
             raise BadInput(f"{self.name} runs the plain decoder only; kv_cache {kv_cache!r} is for ort-cpu")
         if pinned is not None and artifact.entry(pinned) is None:
-            raise BadInput(f"{artifact.path} has no in-place decoder: export it with `twostep export "
-                           "--inplace-cache`, or use kv_cache 'auto' or 'concat'")
+            how = "--variant decoder_inplace_standard" if pinned == STANDARD_INPLACE else "--inplace-cache"
+            raise BadInput(f"{artifact.path} has no {pinned} graph: export it with `twostep export {how}`, "
+                           "or use kv_cache 'auto' or 'concat'")
         self.decoder = pinned or next(d for d in self.decoders if artifact.entry(d) is not None)
 
     @property
     def inplace(self) -> bool:
-        """Whether it decodes with the in-place decoder."""
-        return self.decoder == INPLACE
+        """Whether it decodes with an in-place decoder."""
+        return self.decoder in INPLACE_DECODERS
 
     def spec(self, graph: str) -> GraphSpec:
         entry = self.artifact.entry(graph)
