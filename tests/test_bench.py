@@ -155,3 +155,29 @@ def test_beam_profile_runs_on_a_tiny_artifact(demo_inplace, capsys, args):
     graph = "--search" not in args and "reference" not in args
     assert ("on the search outputs" if graph else "on the full logits") in out
     assert "ms/step" in out and "| all kernels |" in out
+
+
+def test_beam_profile_times_the_attention_variants(demo_inplace, capsys):
+    """beam_profile --attention: every variant checked against numpy (a wrong one raises) and found to write
+    its cache in place, on a few rows, seconds long."""
+    from benchmarks import attention, beam_profile
+
+    args = [str(demo_inplace.path), "--attention", "--rows", "8", "--pasts", "3", "--beam", "2", "--iters", "2"]
+    assert beam_profile.main(args) == 0
+    out = capsys.readouterr().out
+    assert "4 heads of 32" in out and out.count("| yes |") == len(attention.VARIANTS)
+    assert "| 8 | 3 | 32 |" in out  # rows, past, the in-place session's capacity for it
+    assert "| 8 | 32 |" in out  # capacity 8x the valid length
+
+
+def test_the_attention_reference_sees_a_wrong_variant():
+    """The numpy reference the variants are checked against: a row that attends past its length differs."""
+    import numpy as np
+
+    from benchmarks.attention import reference
+
+    g = np.random.default_rng(0)
+    q, k, v = (g.standard_normal((2, 1, 8), dtype=np.float32) for _ in range(3))
+    cache = [g.standard_normal((2, 2, 6, 4), dtype=np.float32) for _ in range(2)]
+    right = reference(q, k, v, *cache, np.array([3, 5]))
+    assert not np.allclose(right, reference(q, k, v, *cache, np.array([4, 5])))
