@@ -44,6 +44,26 @@ def test_exported_graphs_are_tensorrt_compatible(variant, demo_artifact, demo_fp
             assert check_trt_compatible(art / graph) == []
 
 
+def test_the_standard_in_place_decoder_is_what_tensorrt_parses(demo_inplace, tmp_path):
+    """decoder_inplace_standard passes the parser's published restrictions (TensorScatter on axis -2,
+    Attention with a 4-D mask and one output); the contrib one and nonpad_kv_seqlen do not."""
+    import onnx
+
+    from twostep.artifact.spec import INPLACE_FILE, STANDARD_INPLACE_FILE
+
+    assert check_trt_compatible(demo_inplace.path / STANDARD_INPLACE_FILE) == []
+    assert any("com.microsoft" in p for p in check_trt_compatible(demo_inplace.path / INPLACE_FILE))
+    model = onnx.load(demo_inplace.path / STANDARD_INPLACE_FILE, load_external_data=False)
+    attention = next(n for n in model.graph.node if n.op_type == "Attention")
+    attention.input.extend(["", "", "past_lengths"])  # per-row lengths as nonpad_kv_seqlen
+    scatter = next(n for n in model.graph.node if n.op_type == "TensorScatter")
+    next(a for a in scatter.attribute if a.name == "axis").i = 2
+    onnx.save(model, tmp_path / "edited.onnx")
+    problems = check_trt_compatible(tmp_path / "edited.onnx")
+    assert any("no Attention input nonpad_kv_seqlen" in p for p in problems)
+    assert any("axis -2 only" in p for p in problems)
+
+
 def test_tensorrt_check_catches_what_tensorrt_refuses(demo_int8, demo_artifact, tmp_path):
     import shutil
 

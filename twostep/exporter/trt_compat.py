@@ -32,6 +32,9 @@ SUPPORTED: dict[str, set[str]] = {op: set(types.split()) for op, types in {
     "Sin": _F, "Size": _ALL, "Slice": _ALL, "Softmax": _F, "Split": _ALL, "Sqrt": _F, "Squeeze": _ALL,
     "Sub": _FI, "Sum": _FI, "Tanh": _F, "Tile": _ALL, "TopK": _FI, "Transpose": _ALL, "Trilu": _ALL,
     "Unsqueeze": _ALL, "Where": _ALL, "Xor": "BOOL",
+    # opset 24's cache ops (TensorRT 10.15): the cache's types, and TensorScatter's int64 write_indices and
+    # Attention's boolean mask, which their schemas require
+    "TensorScatter": "FP32 FP16 BF16 INT32 INT64", "Attention": _F + " BOOL",
 }.items()}
 
 # Inputs that TensorRT needs as build-time constants: (op, input index).
@@ -41,6 +44,22 @@ CONSTANT_INPUTS = {("Squeeze", 1), ("Unsqueeze", 1), ("ReduceMean", 1), ("Reduce
 TYPE_NAMES = {onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.FLOAT16: "FP16", onnx.TensorProto.BFLOAT16: "BF16",
               onnx.TensorProto.INT32: "INT32", onnx.TensorProto.INT64: "INT64", onnx.TensorProto.BOOL: "BOOL",
               onnx.TensorProto.UINT8: "UINT8", onnx.TensorProto.INT8: "INT8", onnx.TensorProto.DOUBLE: "DOUBLE"}
+
+
+def cache_op_problems(node: onnx.NodeProto, consumed: set[str]) -> list[str]:
+    """The parser's restrictions on opset 24's cache ops: TensorScatter along axis -2 only; Attention without
+    past_key, past_value and nonpad_kv_seqlen, and with its first output only."""
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "TensorScatter" and attributes.get("axis", -2) != -2:
+        return [f"TensorRT takes TensorScatter along axis -2 only, not {attributes['axis']}"]
+    if node.op_type == "Attention":
+        problems = [f"TensorRT takes no Attention input {name}" for i, name in
+                    enumerate(("past_key", "past_value", "nonpad_kv_seqlen"), start=4) if node.input[i:i + 1] != []
+                    and node.input[i]]
+        if any(o in consumed for o in node.output[1:]):
+            problems.append("TensorRT supports only Attention's first output")
+        return problems
+    return []
 
 
 def check_trt_compatible(path: Path) -> list[str]:
@@ -74,6 +93,7 @@ def check_trt_compatible(path: Path) -> list[str]:
                 problems.append(f"{where}: input {index} ({name!r}) must be a build-time constant for TensorRT")
         if node.op_type == "LayerNormalization" and any(o in consumed for o in node.output[1:]):
             problems.append(f"{where}: TensorRT supports only LayerNormalization's first output")
+        problems += [f"{where}: {p}" for p in cache_op_problems(node, consumed)]
     for value in [*g.input, *g.output]:
         elem = TYPE_NAMES.get(value.type.tensor_type.elem_type, "?")
         if elem not in {"FP32", "FP16", "BF16", "INT32", "INT64", "BOOL", "UINT8"}:
