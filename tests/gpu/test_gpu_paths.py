@@ -16,7 +16,8 @@ from twostep.verify import verify
 
 @pytest.fixture(scope="module")
 def demo_fp16(demo_model_dir, tmp_path_factory):
-    return export(demo_model_dir, tmp_path_factory.mktemp("fp16") / "art", dtype="fp16").path
+    return export(demo_model_dir, tmp_path_factory.mktemp("fp16") / "art", dtype="fp16",
+                  also=["decoder_inplace_standard"]).path
 
 
 def test_fp16_export_records_what_stayed_fp32(demo_fp16):
@@ -28,6 +29,9 @@ def test_fp16_export_records_what_stayed_fp32(demo_fp16):
     dec = {t["name"]: t for t in m["graphs"]["decoder"]["inputs"]}
     assert dec["past_key_self_0"]["dtype"] == "float16"
     assert m["validation"]["tolerances"]["logits"] == [5e-2, 5e-2]
+    # the standard in-place decoder, the GPU runtimes' (docs/gpu.md), validated step by step in fp16 too
+    assert list(m["variants"]) == ["decoder_inplace_standard"]
+    assert 0 < m["validation"]["max_error"]["decoder_inplace_standard.logits"] < 5e-2
 
 
 def test_fp16_tokens_agree_with_fp32_eager(demo_fp16, demo_model_dir):
@@ -40,8 +44,10 @@ def test_fp16_tokens_agree_with_fp32_eager(demo_fp16, demo_model_dir):
 def test_exported_graphs_are_tensorrt_compatible(variant, demo_artifact, demo_fp16, tiny_artifact):
     arts = [demo_artifact, tiny_artifact[0]] if variant == "fp32" else [demo_fp16]
     for art in arts:
-        for graph in ("encoder.onnx", "decoder.onnx"):
-            assert check_trt_compatible(art / graph) == []
+        for graph in ("encoder.onnx", "decoder.onnx", "decoder_inplace_standard.onnx"):
+            if (art / graph).exists():  # the standard in-place decoder: demo_fp16's
+                assert check_trt_compatible(art / graph) == []
+    assert (demo_fp16 / "decoder_inplace_standard.onnx").exists()
 
 
 def test_the_standard_in_place_decoder_is_what_tensorrt_parses(demo_inplace, tmp_path):
