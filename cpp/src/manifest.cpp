@@ -27,8 +27,8 @@ std::vector<std::string> names(const json& tensors) {
   return out;
 }
 
-Manifest::Graph read_graph(const json& graph) {
-  return {graph.at("file").get<std::string>(), names(graph.at("inputs")), names(graph.at("outputs"))};
+Manifest::Graph read_graph(const std::string& name, const json& graph) {
+  return {name, graph.at("file").get<std::string>(), names(graph.at("inputs")), names(graph.at("outputs"))};
 }
 
 // A plain relative path inside the artifact (twostep/artifact.py's safe_name): no absolute path, no '..'.
@@ -462,8 +462,8 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
                     "' is not one of sentencepiece, tokenizers)");
       m.languages = read_languages(tokenizer);
     }
-    m.encoder = read_graph(j.at("graphs").at("encoder"));
-    m.decoder = read_graph(j.at("graphs").at("decoder"));
+    m.encoder = read_graph("encoder", j.at("graphs").at("encoder"));
+    m.decoder = read_graph("decoder", j.at("graphs").at("decoder"));
     const json& key = kv_shape(j["graphs"]["decoder"], "past_key_self_0", where);
     m.n_heads = key.at(1).get<int64_t>();
     m.head_dim_k = key.at(3).get<int64_t>();

@@ -90,7 +90,7 @@ struct Manifest {
   Languages languages;
   std::map<std::string, std::string> files;   // name -> sha256
   struct Graph {
-    std::string file;
+    std::string name, file;  // name: its key in the manifest
     std::vector<std::string> inputs, outputs;  // names, in the manifest's order
   } encoder, decoder;
   int64_t n_heads = 0, head_dim_k = 0, head_dim_v = 0;  // from the decoder's past_key_self_0 / past_value_self_0
@@ -179,8 +179,8 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-// One artifact, loaded: its two ONNX Runtime sessions and tokenizer. A Model decodes one call at a time; use
-// one Model per thread.
+// One artifact, loaded: its encoder's and decoder's ONNX Runtime sessions and tokenizer. A Model decodes one call at
+// a time; use one Model per thread.
 class Model {
  public:
   static Model load(const std::filesystem::path& dir, const Options& options = {});
