@@ -93,6 +93,11 @@ struct Manifest {
     std::string name, file;  // name: its key in the manifest
     std::vector<std::string> inputs, outputs;  // names, in the manifest's order
   } encoder, decoder;
+  // The in-place decoder (manifest "variants"; twostep/exporter/inplace.py): the decoder's inputs and outputs, its
+  // self-attention cache one buffer [batch, heads, capacity, head_dim] in and out, row r's history the first
+  // past_lengths[r] positions. Of the in-place variants this library runs, the first the artifact holds, in the
+  // Python ort-cpu backend's order. None: exported with --no-inplace-cache, or by an older twostep.
+  std::optional<Graph> inplace;
   int64_t n_heads = 0, head_dim_k = 0, head_dim_v = 0;  // from the decoder's past_key_self_0 / past_value_self_0
   int64_t search_width = 0;  // candidates a row in the decoder's search outputs (top_ids [batch, C]); 0: none
 
