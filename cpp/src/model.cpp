@@ -6,6 +6,7 @@
 #include <string>
 
 #include "decoding.h"
+#include "inplace.h"
 #include "session.h"
 #include "stream.h"
 #include "twostep/twostep.h"
@@ -19,6 +20,20 @@ void check_beam_stop(const std::string& rule) {
   if (rule != "n_best" && rule != "transformers")
     throw Error("beam_stop must be one of n_best, transformers, got '" + rule + "'");
 }
+
+// Whether to decode with the artifact's in-place decoder (Options::kv_cache). Python: OrtBackend's kv_cache; as its
+// ort-cuda runs the plain decoder, so does the bound path here.
+bool decodes_in_place(const Manifest& m, const Options& o) {
+  if (o.kv_cache != "auto" && o.kv_cache != "inplace" && o.kv_cache != "concat")
+    throw Error("kv_cache must be one of auto, inplace, concat, got '" + o.kv_cache + "'");
+  const bool host = o.provider == "cpu" && !o.io_binding;
+  if (o.kv_cache != "inplace") return o.kv_cache == "auto" && m.inplace && host;
+  if (!m.inplace)
+    throw Error(m.dir.string() + " has no in-place decoder: export it with `twostep export --inplace-cache`, or use "
+                "kv_cache auto or concat");
+  if (!host) throw Error("kv_cache inplace: the in-place decoder runs on provider cpu without io_binding");
+  return true;
+}
 }  // namespace
 
 struct Model::Impl {
@@ -28,6 +43,7 @@ struct Model::Impl {
   Ort::Env env{ORT_LOGGING_LEVEL_WARNING, "twostep"};
   std::optional<Tokenizer> tokenizer;
   std::unique_ptr<detail::StepSession> session;  // what the decoding loop runs
+  std::string decoder;                           // the graph it runs: "decoder", or the in-place decoder's name
 
   detail::Specials specials() const { return {m.decoder_start_id, m.eos_id, m.pad_id, m.never_generate}; }
 
@@ -83,12 +99,17 @@ std::unique_ptr<Model::Impl> Model::Impl::load(const fs::path& dir, const Option
   Impl& x = *impl;
   x.m = Manifest::read(dir);
   x.m.check_external_data();
-  x.session = std::make_unique<detail::PlainSession>(x.env, x.m, x.m.decoder, options);
+  // One decoder opened: with the in-place one, decoding never runs the plain one.
+  const bool inplace = decodes_in_place(x.m, options);
+  x.decoder = inplace ? x.m.inplace->name : x.m.decoder.name;
+  if (inplace) x.session = std::make_unique<detail::InplaceSession>(x.env, x.m, *x.m.inplace, options);
+  else x.session = std::make_unique<detail::PlainSession>(x.env, x.m, x.m.decoder, options);
   if (x.m.tokenizer && x.m.tokenizer->kind == "sentencepiece") x.tokenizer = Tokenizer::load(x.m);
   return impl;
 }
 
 const Manifest& Model::manifest() const { return impl_->m; }
+const std::string& Model::decoder() const { return impl_->decoder; }
 
 std::vector<Ids> Model::greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos,
                                const std::vector<Ids>& forced) {

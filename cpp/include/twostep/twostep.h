@@ -1,5 +1,6 @@
-// twostep for C++: load an artifact directory (encoder.onnx + decoder.onnx + manifest.json + its tokenizer
-// files) and decode with ONNX Runtime, with the same results as the Python runtime (twostep/runtime/).
+// twostep for C++: load an artifact directory (encoder.onnx + decoder.onnx, and decoder_inplace.onnx where it has
+// one, + manifest.json + its tokenizer files) and decode with ONNX Runtime, with the same results as the Python
+// runtime (twostep/runtime/).
 //
 //   auto model = twostep::Model::load("artifacts/demo", {/*threads*/ 2, "cpu"});
 //   twostep::DecodeOptions opts;  opts.beam_size = 4;
@@ -118,6 +119,11 @@ struct Options {
   // Keep the KV cache and cross K/V in the provider's memory between steps (Ort::IoBinding, rows reordered
   // there). Always on with "cuda"; with "cpu" it runs the same code path, which is how it is tested here.
   bool io_binding = false;
+  // The decoder to decode with (Python's kv_cache). "auto": the artifact's in-place decoder (Manifest::inplace: its
+  // self-attention cache one buffer that ONNX Runtime writes each step into) where it has one and the provider is
+  // "cpu" without io_binding, else the plain decoder; "concat": the plain decoder (decoder.onnx, whose Concat copies
+  // the whole cache every step); "inplace": the in-place one, an error where it cannot be used.
+  std::string kv_cache = "auto";
 };
 
 struct DecodeOptions {
@@ -194,6 +200,8 @@ class Model {
   ~Model();
 
   const Manifest& manifest() const;
+  // The graph it decodes with (Options::kv_cache): "decoder", or the in-place decoder's name ("decoder_inplace").
+  const std::string& decoder() const;
 
   // One batch as given (no sorting, no input checks beyond the model's limits). forced[i]: the ids forced on
   // sentence i's decoder after its start id (empty, or fewer rows than sources: none).
