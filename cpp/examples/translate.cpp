@@ -14,15 +14,18 @@ const char* kUsage =
     "                         [--provider cpu|cuda] [--io-binding] [--ids] [--scores] [--max-new-tokens N]\n"
     "                         [--suppress-eos] [--batch-size N] [--warmup N --repeat N]\n"
     "                         [--beam-stop n_best|transformers] [--src-lang CODE] [--tgt-lang CODE] [--stream]\n"
+    "                         [--kv-cache auto|inplace|concat]\n"
     "Reads one sentence a line from stdin (with --ids: space-separated token ids ending with eos) and prints\n"
     "one line per input: the translation, or with --n-best N the N best, tab-separated (--scores: each\n"
     "preceded by its score and a space). --repeat N decodes the input N more times after --warmup runs and\n"
     "prints each run's milliseconds to stderr. --io-binding keeps the decoder state in the provider's memory\n"
-    "(always so with --provider cuda). --src-lang and --tgt-lang pick a multilingual model's languages (with\n"
-    "--ids only --tgt-lang counts: the source ids are taken as given). --beam-stop transformers stops beam\n"
-    "search as transformers' generate() does. --stream prints the decode as it goes instead, one JSON object a\n"
-    "line: {\"sentence\": I, \"delta\": TEXT, \"finished\": BOOL} (with --ids \"tokens\": [IDS, so far] in place\n"
-    "of \"delta\"), I counted from 0 in input order; greedy: as each sentence grows, beam search: as each ends.\n";
+    "(always so with --provider cuda). --kv-cache: the decoder (auto: the artifact's in-place one, where it has\n"
+    "one, on the CPU without --io-binding; concat: the plain one). --src-lang and --tgt-lang pick a multilingual\n"
+    "model's languages (with --ids only --tgt-lang counts: the source ids are taken as given). --beam-stop\n"
+    "transformers stops beam search as transformers' generate() does. --stream prints the decode as it goes\n"
+    "instead, one JSON object a line: {\"sentence\": I, \"delta\": TEXT, \"finished\": BOOL} (with --ids\n"
+    "\"tokens\": [IDS, so far] in place of \"delta\"), I counted from 0 in input order; greedy: as each sentence\n"
+    "grows, beam search: as each ends.\n";
 
 template <typename T>
 T parse(const std::string& flag, const std::string& value) {
@@ -105,6 +108,7 @@ int main(int argc, char** argv) {
       else if (arg == "--length-penalty") decode.length_penalty = parse<double>(arg, value());
       else if (arg == "--threads") options.threads = parse<int>(arg, value());
       else if (arg == "--provider") options.provider = value();
+      else if (arg == "--kv-cache") options.kv_cache = value();
       else if (arg == "--max-new-tokens") decode.max_new_tokens = parse<int>(arg, value());
       else if (arg == "--batch-size") decode.batch_size = parse<int>(arg, value());
       else if (arg == "--warmup") warmup = parse<int>(arg, value());

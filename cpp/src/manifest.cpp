@@ -20,6 +20,10 @@ constexpr const char* kFormat = "twostep-artifact";
 // never generates. 2: the tokenizer one SentencePiece file; it reads as a plain TokenizerSpec.
 constexpr int kSchemaVersion = 3, kOldestSchemaVersion = 2;
 constexpr const char* kManifest = "manifest.json";
+// The in-place decoders this library runs, preferred first, as the Python ort-cpu backend prefers them
+// (OrtBackend.decoders, twostep/runtime/backends/ort.py). Each has the I/O of twostep.artifact.spec's inplace_spec,
+// whatever ops run inside.
+const char* const kInplaceDecoders[] = {"decoder_inplace"};
 
 std::vector<std::string> names(const json& tensors) {
   std::vector<std::string> out;
@@ -27,8 +31,8 @@ std::vector<std::string> names(const json& tensors) {
   return out;
 }
 
-Manifest::Graph read_graph(const json& graph) {
-  return {graph.at("file").get<std::string>(), names(graph.at("inputs")), names(graph.at("outputs"))};
+Manifest::Graph read_graph(const std::string& name, const json& graph) {
+  return {name, graph.at("file").get<std::string>(), names(graph.at("inputs")), names(graph.at("outputs"))};
 }
 
 // A plain relative path inside the artifact (twostep/artifact.py's safe_name): no absolute path, no '..'.
@@ -277,6 +281,7 @@ void check_ids(const Manifest& m, const std::string& where) {
 // The files the runtime opens itself: the graphs and the tokenizer's.
 std::vector<std::string> opened_files(const Manifest& m) {
   std::vector<std::string> out = {m.encoder.file, m.decoder.file};
+  if (m.inplace) out.push_back(m.inplace->file);
   if (!m.tokenizer) return out;
   for (const std::string* name : {&m.tokenizer->source_model, &m.tokenizer->target_model,
                                   &m.tokenizer->source_vocab, &m.tokenizer->target_vocab})
@@ -350,6 +355,31 @@ std::string pick_language(const Codes& codes, const Aliases& aliases, const std:
               (codes.empty() ? "no " + side + " languages" : joined_codes(codes)));
 }
 
+// The first in-place decoder of kInplaceDecoders that `variants` holds, checked: the decoder's inputs and outputs,
+// each self-attention cache of one shape in and out (the one buffer).
+std::optional<Manifest::Graph> read_inplace(const json& variants, const Manifest::Graph& decoder,
+                                            const std::string& where) {
+  if (!variants.is_object()) throw Error(where + ": malformed manifest ('variants' is " + variants.type_name() + ")");
+  auto as_set = [](const std::vector<std::string>& list) { return std::set<std::string>(list.begin(), list.end()); };
+  for (const char* name : kInplaceDecoders) {
+    if (!variants.contains(name)) continue;
+    const json& entry = variants.at(name);
+    Manifest::Graph graph = read_graph(name, entry);
+    bool ok = as_set(graph.inputs) == as_set(decoder.inputs) && as_set(graph.outputs) == as_set(decoder.outputs);
+    for (const auto& past : entry.at("inputs")) {
+      const std::string past_name = past.at("name").get<std::string>();
+      if (past_name.rfind("past_", 0) != 0 || past_name.find("_self_") == std::string::npos) continue;
+      for (const auto& present : entry.at("outputs"))
+        if (present.at("name") == "present_" + past_name.substr(5)) ok = ok && present.at("shape") == past.at("shape");
+    }
+    if (!ok)
+      throw Error(where + ": malformed manifest (variants." + name + ": its inputs and outputs are not the in-place "
+                  "decoder's); re-export the artifact");
+    return graph;
+  }
+  return std::nullopt;
+}
+
 // [batch, heads, len, head_dim] of one decoder input.
 const json& kv_shape(const json& decoder, const std::string& name, const std::string& where) {
   for (const auto& t : decoder.at("inputs"))
@@ -374,7 +404,8 @@ std::set<std::string> external_data_locations(const fs::path& graph_file) {
 }
 
 void Manifest::check_external_data() const {
-  for (const Graph* graph : {&encoder, &decoder}) {
+  for (const Graph* graph : {&encoder, &decoder, inplace ? &*inplace : nullptr}) {
+    if (!graph) continue;
     const fs::path file = dir / graph->file;
     for (const std::string& location : external_data_locations(file)) {
       check_name(location, file.string() + ": external data");
@@ -462,8 +493,9 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
                     "' is not one of sentencepiece, tokenizers)");
       m.languages = read_languages(tokenizer);
     }
-    m.encoder = read_graph(j.at("graphs").at("encoder"));
-    m.decoder = read_graph(j.at("graphs").at("decoder"));
+    m.encoder = read_graph("encoder", j.at("graphs").at("encoder"));
+    m.decoder = read_graph("decoder", j.at("graphs").at("decoder"));
+    m.inplace = read_inplace(j.value("variants", json::object()), m.decoder, where);  // none in older artifacts
     const json& key = kv_shape(j["graphs"]["decoder"], "past_key_self_0", where);
     m.n_heads = key.at(1).get<int64_t>();
     m.head_dim_k = key.at(3).get<int64_t>();

@@ -115,6 +115,42 @@ TEST_CASE("a good manifest") {
   CHECK(m.files.size() == 2);
 }
 
+TEST_CASE("the in-place decoder: read from variants, listed and hashed, its cache one shape in and out") {
+  Artifact a;
+  CHECK(!twostep::Manifest::read(a.dir).inplace);  // an older artifact, or --no-inplace-cache
+  json& decoder = a.manifest["graphs"]["decoder"];
+  decoder["outputs"].push_back(tensor("present_key_self_0", {"batch", 4, "past_len + new_len", 8}));
+  decoder["outputs"].push_back(tensor("present_value_self_0", {"batch", 4, "past_len + new_len", 6}));
+  json inplace = decoder;
+  inplace["file"] = "decoder_inplace.onnx";
+  for (json* tensors : {&inplace["inputs"], &inplace["outputs"]})
+    for (json& t : *tensors)
+      if (t["name"].get<std::string>().find("_self_") != std::string::npos) t["shape"][2] = "capacity";
+  a.manifest["variants"] = {{"decoder_inplace", inplace}, {"decoder_of_a_newer_twostep", {{"file", "x.onnx"}}}};
+  a.save();
+  CHECK(contains(error_of(a.dir), "decoder_inplace.onnx is not listed in 'files' with its sha256"));
+  a.add("decoder_inplace.onnx", "not really an in-place decoder");
+  a.save();
+  const twostep::Manifest m = twostep::Manifest::read(a.dir);
+  REQUIRE(m.inplace);
+  CHECK(m.inplace->name == "decoder_inplace");
+  CHECK(m.inplace->file == "decoder_inplace.onnx");
+  CHECK(m.inplace->inputs == m.decoder.inputs);
+  CHECK(m.inplace->outputs == m.decoder.outputs);
+
+  a.manifest["variants"]["decoder_inplace"]["outputs"][2]["shape"][2] = "capacity + 1";  // present_value_self_0
+  a.save();
+  CHECK(contains(error_of(a.dir), "malformed manifest (variants.decoder_inplace: its inputs and outputs are not the "
+                                  "in-place decoder's); re-export the artifact"));
+  a.manifest["variants"]["decoder_inplace"] = inplace;
+  a.manifest["variants"]["decoder_inplace"]["inputs"].erase(2);  // past_lengths
+  a.save();
+  CHECK(contains(error_of(a.dir), "variants.decoder_inplace: its inputs and outputs are not the in-place decoder's"));
+  a.manifest["variants"] = json::array();
+  a.save();
+  CHECK(contains(error_of(a.dir), "malformed manifest ('variants' is array)"));
+}
+
 TEST_CASE("wrong schema version") {
   Artifact a;
   a.manifest["schema_version"] = 4;

@@ -118,8 +118,8 @@ def test_cpp_streaming_unit_tests_on_a_model(cpp_build, demo_artifact):
 
 
 def test_cpp_decodes_an_artifact_with_the_in_place_variant_as_python_does(cpp_build, demo_inplace, test_sentences):
-    """The C++ library reads the plain graphs of an artifact that also carries ONNX Runtime's in-place
-    decoder, and its beam search gives what Python's gives with the in-place decoder."""
+    """The C++ library decodes an artifact that carries ONNX Runtime's in-place decoder with it, as Python's ort-cpu
+    does, and its beam search gives what Python's gives."""
     translator, backend = open_translator(demo_inplace.path, "ort-cpu", options=DecodeOptions(beam_size=4))
     assert backend.inplace
     with backend:
@@ -128,6 +128,50 @@ def test_cpp_decodes_an_artifact_with_the_in_place_variant_as_python_does(cpp_bu
     ids = translate(cpp_build, demo_inplace.path, ids_lines(sources), "--beam", 4, "--ids")
     assert ids.returncode == 0, ids.stderr
     assert_same("beam 4 ids", ids_lines(py_ids), ids.stdout.splitlines())
+
+
+def scored(proc: subprocess.CompletedProcess) -> tuple[list[str], list[float]]:
+    """twostep-translate --scores' best hypotheses: their tokens and scores."""
+    assert proc.returncode == 0, proc.stderr
+    best = [line.split("\t")[0].split(" ", 1) + [""] for line in proc.stdout.splitlines()]
+    return [b[1] for b in best], [float(b[0]) for b in best]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cpp_in_place_decoder_decodes_as_the_plain_one_and_python(cpp_build, demo_inplace, test_sentences, beam):
+    """--kv-cache inplace (auto's choice on an artifact that has it) gives the plain decoder's tokens (--kv-cache
+    concat) and the Python runtime's, on one batch of sentences of different lengths decoding 48 tokens with eos
+    suppressed: the cache grows past its first capacity, 32, and beam search reorders rows at every step."""
+    options = DecodeOptions(beam_size=beam, suppress_eos=True, max_new_tokens=48)
+    translator, backend = open_translator(demo_inplace.path, "ort-cpu", options=options)
+    assert backend.inplace
+    with backend:
+        sources = translator.encode(test_sentences[:24])
+        python = translator.decode_ids(sources)
+    assert len({len(s) for s in sources}) > 3
+    args = ["--ids", "--scores", "--beam", beam, "--suppress-eos", "--max-new-tokens", 48, "--batch-size", 24]
+    runs = {kv: scored(translate(cpp_build, demo_inplace.path, ids_lines(sources), *args, "--kv-cache", kv))
+            for kv in ("inplace", "auto", "concat")}
+    py_tokens = [" ".join(map(str, hyps[0].tokens)) for hyps in python]
+    assert {len(t.split()) for t in py_tokens} == {48}
+    for kv, (tokens, _) in runs.items():
+        assert_same(f"beam {beam} --kv-cache {kv} ids", py_tokens, tokens)
+    if beam > 1:  # the same graph as Python's: the same scores; the plain one's attention rounds otherwise
+        assert runs["inplace"][1] == pytest.approx([hyps[0].score for hyps in python], rel=1e-12, abs=1e-12)
+        assert runs["concat"][1] == pytest.approx(runs["inplace"][1], rel=1e-6)
+
+
+def test_cpp_in_place_session_unit_tests_on_a_model(cpp_build, demo_inplace, demo_artifact):
+    """cpp/tests/test_inplace.cpp's cases on the demo model (they skip without the artifacts): the in-place session's
+    search outputs are the plain session's step by step, through reorders that swap and copy rows and the cache's
+    growth past 32 positions, with every present output its cache buffer itself (written in place); the Model picks
+    the in-place decoder on the CPU, the plain one with --kv-cache concat or io_binding, and refuses what cannot be."""
+    env = {**os.environ, "TWOSTEP_TEST_INPLACE_ARTIFACT": str(demo_inplace.path),
+           "TWOSTEP_TEST_ARTIFACT": str(demo_artifact)}
+    proc = subprocess.run([str(cpp_build / "twostep-tests"), "--test-case=in-place decoder*"], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"test cases:\s*2 \|\s*2 passed \|\s*0 failed", proc.stdout), proc.stdout
 
 
 def test_cpp_n_best_matches_python(cpp_build, demo_artifact, test_sentences):

@@ -1,5 +1,6 @@
-// twostep for C++: load an artifact directory (encoder.onnx + decoder.onnx + manifest.json + its tokenizer
-// files) and decode with ONNX Runtime, with the same results as the Python runtime (twostep/runtime/).
+// twostep for C++: load an artifact directory (encoder.onnx + decoder.onnx, and decoder_inplace.onnx where it has
+// one, + manifest.json + its tokenizer files) and decode with ONNX Runtime, with the same results as the Python
+// runtime (twostep/runtime/).
 //
 //   auto model = twostep::Model::load("artifacts/demo", {/*threads*/ 2, "cpu"});
 //   twostep::DecodeOptions opts;  opts.beam_size = 4;
@@ -90,9 +91,14 @@ struct Manifest {
   Languages languages;
   std::map<std::string, std::string> files;   // name -> sha256
   struct Graph {
-    std::string file;
+    std::string name, file;  // name: its key in the manifest
     std::vector<std::string> inputs, outputs;  // names, in the manifest's order
   } encoder, decoder;
+  // The in-place decoder (manifest "variants"; twostep/exporter/inplace.py): the decoder's inputs and outputs, its
+  // self-attention cache one buffer [batch, heads, capacity, head_dim] in and out, row r's history the first
+  // past_lengths[r] positions. Of the in-place variants this library runs, the first the artifact holds, in the
+  // Python ort-cpu backend's order. None: exported with --no-inplace-cache, or by an older twostep.
+  std::optional<Graph> inplace;
   int64_t n_heads = 0, head_dim_k = 0, head_dim_v = 0;  // from the decoder's past_key_self_0 / past_value_self_0
   int64_t search_width = 0;  // candidates a row in the decoder's search outputs (top_ids [batch, C]); 0: none
 
@@ -113,6 +119,11 @@ struct Options {
   // Keep the KV cache and cross K/V in the provider's memory between steps (Ort::IoBinding, rows reordered
   // there). Always on with "cuda"; with "cpu" it runs the same code path, which is how it is tested here.
   bool io_binding = false;
+  // The decoder to decode with (Python's kv_cache). "auto": the artifact's in-place decoder (Manifest::inplace: its
+  // self-attention cache one buffer that ONNX Runtime writes each step into) where it has one and the provider is
+  // "cpu" without io_binding, else the plain decoder; "concat": the plain decoder (decoder.onnx, whose Concat copies
+  // the whole cache every step); "inplace": the in-place one, an error where it cannot be used.
+  std::string kv_cache = "auto";
 };
 
 struct DecodeOptions {
@@ -179,8 +190,8 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-// One artifact, loaded: its two ONNX Runtime sessions and tokenizer. A Model decodes one call at a time; use
-// one Model per thread.
+// One artifact, loaded: its encoder's and decoder's ONNX Runtime sessions and tokenizer. A Model decodes one call at
+// a time; use one Model per thread.
 class Model {
  public:
   static Model load(const std::filesystem::path& dir, const Options& options = {});
@@ -189,6 +200,8 @@ class Model {
   ~Model();
 
   const Manifest& manifest() const;
+  // The graph it decodes with (Options::kv_cache): "decoder", or the in-place decoder's name ("decoder_inplace").
+  const std::string& decoder() const;
 
   // One batch as given (no sorting, no input checks beyond the model's limits). forced[i]: the ids forced on
   // sentence i's decoder after its start id (empty, or fewer rows than sources: none).
