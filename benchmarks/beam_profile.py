@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -41,12 +42,14 @@ class Timed:
 
     def __init__(self, session, logits: bool = False):
         self.session, self.step_s, self.reorder_s = session, 0.0, 0.0
+        self.steps: list[float] = []  # each decoder step's seconds, in order
         self.search_width = 0 if logits else session.search_width
 
     def search_step(self, ids, need_logits=True):
         started = time.perf_counter()
         out = self.session.search_step(ids, need_logits)
-        self.step_s += time.perf_counter() - started
+        self.steps.append(time.perf_counter() - started)
+        self.step_s += self.steps[-1]
         return out
 
     def claimed(self):
@@ -64,7 +67,8 @@ class Timed:
     def step(self, ids):
         started = time.perf_counter()
         out = self.session.step(ids)
-        self.step_s += time.perf_counter() - started
+        self.steps.append(time.perf_counter() - started)
+        self.step_s += self.steps[-1]
         return out
 
     def reorder(self, origin, cache_only=False):
@@ -136,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
           f"({1000 * session.step_s / steps:.1f} ms/step) + reorders {session.reorder_s:.2f} s "
           f"({1000 * session.reorder_s / steps:.1f} ms/step) + host {host:.2f} s ({1000 * host / steps:.1f} ms/step, "
           "with the encoder)")
+    if len(session.steps) >= 16:  # how a step's cost grows with the past: the first 8 steps against the last 8
+        first, last = (1000 * statistics.median(session.steps[i]) for i in (slice(0, 8), slice(-8, None)))
+        print(f"decoder step at past 0-7: {first:.1f} ms, at past {steps - 8}-{steps - 1}: {last:.1f} ms "
+              f"({last / first:.2f}x)")
     if args.ops:
         print(op_profile(artifact, args, decoder))
     return 0
