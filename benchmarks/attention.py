@@ -106,8 +106,7 @@ def variant_model(name: str, heads: int, dim: int) -> bytes:
             inits += [helper.make_tensor("scale", F32, [], [scale]), helper.make_tensor("ninf", F32, [], [-1e30]),
                       helper.make_tensor("zero", F32, [], [0.0]),
                       helper.make_tensor("lengths_shape", I64, [4], [-1, 1, 1, 1]),
-                      helper.make_tensor("i0", I64, [], [0]), helper.make_tensor("i1", I64, [], [1]),
-                      helper.make_tensor("axis2", I64, [1], [2])]
+                      helper.make_tensor("i0", I64, [], [0]), helper.make_tensor("i1", I64, [], [1])]
             nodes += [helper.make_node("Mul", ["q4", "scale"], ["qs"]),
                       helper.make_node("Transpose", ["present_key"], ["kt"], perm=[0, 1, 3, 2]),
                       helper.make_node("MatMul", ["qs", "kt"], ["scores"]),

@@ -54,8 +54,8 @@ def cache_op_problems(node: onnx.NodeProto, consumed: set[str]) -> list[str]:
         return [f"TensorRT takes TensorScatter along axis -2 only, not {attributes['axis']}"]
     if node.op_type == "Attention":
         problems = [f"TensorRT takes no Attention input {name}" for i, name in
-                    enumerate(("past_key", "past_value", "nonpad_kv_seqlen"), start=4) if node.input[i:i + 1] != []
-                    and node.input[i]]
+                    enumerate(("past_key", "past_value", "nonpad_kv_seqlen"), start=4)
+                    if i < len(node.input) and node.input[i]]
         if any(o in consumed for o in node.output[1:]):
             problems.append("TensorRT supports only Attention's first output")
         return problems
