@@ -488,16 +488,21 @@ def init_cmd(
 
 @app.command("import")
 def import_cmd(
-    src: Path = typer.Argument(..., help="A transformers model directory (Marian/OPUS-MT, M2M100, NLLB, mBART-50) "
+    src: Path = typer.Argument(..., help="A transformers model directory (Marian/OPUS-MT, M2M100, NLLB, mBART-50), "
+                               "a CTranslate2 model directory, an Argos Translate package (.argosmodel or its folder), "
                                "or hub name (ORG/NAME, downloaded with the hub extra), or a torch.save'd state dict "
                                "of a seed family (loaded with weights_only=True)."),
     out_dir: Path = typer.Option(..., "--out"),
-    fmt: Optional[str] = typer.Option(None, "--format", help="A directory: marian, m2m_100, nllb or mbart (default: "
-                                      "config.json's model_type). A state dict: annotated, jadore, mha or "
+    fmt: Optional[str] = typer.Option(None, "--format", help="A directory: argos, ctranslate2, or marian, m2m_100, "
+                                      "nllb or mbart (default: found; a transformers directory's config.json's "
+                                      "model_type). A state dict: annotated, jadore, mha or "
                                       "nn-transformer."),
     n_heads: Optional[int] = typer.Option(None, "--heads", min=1, help="A state dict's attention heads (shapes "
                                           "cannot tell)."),
-    tokenizer: Optional[Path] = typer.Option(None, help="A state dict: SentencePiece model to ship with it."),
+    tokenizer: Optional[Path] = typer.Option(None, help="A state dict: SentencePiece model to ship with it. A "
+                                             "CTranslate2 directory: its SentencePiece model (default: found in it)."),
+    target_tokenizer: Optional[Path] = typer.Option(None, help="A CTranslate2 directory: the target side's "
+                                                    "SentencePiece model, where it has its own."),
     max_positions: Optional[int] = typer.Option(None, min=1, help="A state dict: keep only the first N positions."),
     scale_emb_or_prj: str = typer.Option("prj", help="jadore: 'emb', 'prj' or 'none', as it was trained."),
     pad_id: int = typer.Option(0), unk_id: int = typer.Option(1), bos_id: int = typer.Option(2),
@@ -506,11 +511,10 @@ def import_cmd(
 ) -> None:
     """Import a pretrained model (a transformers directory) or a foreign checkpoint (seed families, PyTorch's
     nn.Transformer tutorial) into a twostep checkpoint."""
-    from twostep.model.hf import import_hf_directory, is_hub_name
+    from twostep.model.sources import import_model, is_model_source
 
-    if src.is_dir() or is_hub_name(src):  # a transformers directory, or a hub name ORG/NAME
-
-        ckpt = import_hf_directory(src, out_dir, fmt, force=force)
+    if is_model_source(src):  # a transformers or CTranslate2 directory, an Argos package, a hub name ORG/NAME
+        ckpt = import_model(src, out_dir, fmt, force=force, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
         fmt = ckpt.info["imported_from"]["format"]
         for note in ckpt.info["imported_from"]["notes"]:
             err.print(f"note: {note}", markup=False, highlight=False)

@@ -58,6 +58,7 @@ class ModelConfig:
     position_offset: int = 0  # position p reads the sinusoid's row p + offset (fairseq: pad_id + 1)
     decoder_start_id: int | None = None  # the decoder's first input; None: bos_id (Marian: pad; M2M100: eos)
     never_generate: tuple[int, ...] = ()  # target ids decoding never picks (Marian's pad)
+    zero_start_embedding: bool = False  # the decoder's first position embeds no token (CTranslate2's Marian)
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2

@@ -11,6 +11,10 @@
                                  vocab.json, M2M100's fairseq-ordered vocabulary with its language tokens); null:
                                  SentencePiece's ids are the model's (the seeds)
     source_suffix                ids after every source sentence (eos)
+    detokenize                   how target pieces become text: "sentencepiece" (default: SentencePiece joins them,
+                                 leading and trailing spaces stripped) or "argos" (as argostranslate does:
+                                 SentencePiece joins them, then "▁" and "_" become spaces and one leading
+                                 space goes)
     trailing_space               ids after a stretch of text (between special pieces, or the last) that ends in
                                  whitespace (space, tab, newline, CR, FF, VT): tokenizers' Metaspace keeps it as a
                                  "▁" piece where SentencePiece drops it (NLLB's tokenizer.json); () for none
@@ -41,6 +45,7 @@ from twostep.errors import BadArtifact, BadInput
 
 Ids = tuple[int, ...]
 KINDS = ("sentencepiece", "tokenizers")
+DETOKENIZERS = ("sentencepiece", "argos")
 
 
 class MissingLanguage(BadInput):
@@ -287,6 +292,7 @@ class TokenizerSpec:
     languages: Languages = Languages()
     kind: str = "sentencepiece"
     trailing_space: Ids = ()
+    detokenize: str = "sentencepiece"
 
     @classmethod
     def sentencepiece(cls, file: str, pad: int, unk: int, bos: int, eos: int) -> TokenizerSpec:
@@ -315,7 +321,8 @@ class TokenizerSpec:
                 "source_vocab": self.source_vocab, "target_vocab": self.target_vocab,
                 "source_suffix": list(self.source_suffix), "special_pieces": list(self.special_pieces),
                 "drop_ids": list(self.drop_ids), "unk_id": self.unk_id, "trailing_space": list(self.trailing_space),
-                "languages": self.languages.to_json()}
+                "languages": self.languages.to_json(), **({"detokenize": self.detokenize}
+                                                          if self.detokenize != "sentencepiece" else {})}
 
     @classmethod
     def parse(cls, data: Any, where: str, vocab: tuple[int, int]) -> TokenizerSpec:
@@ -367,13 +374,16 @@ class TokenizerSpec:
         kind = data.get("kind", "sentencepiece")
         if kind not in KINDS:
             raise bad(f"kind {kind!r:.30} is not one of {', '.join(KINDS)}")
+        detokenize = data.get("detokenize", "sentencepiece")
+        if detokenize not in DETOKENIZERS:
+            raise bad(f"detokenize {detokenize!r:.30} is not one of {', '.join(DETOKENIZERS)}")
         return cls(kind=kind, source_model=file("source_model"), target_model=file("target_model"),
                    source_vocab=file("source_vocab", True), target_vocab=file("target_vocab", True),
                    source_suffix=ids(data.get("source_suffix"), "source_suffix"),
                    drop_ids=ids(data.get("drop_ids"), "drop_ids", 1),
                    unk_id=ids([unk], "unk_id")[0], special_pieces=tuple(pieces),
                    trailing_space=ids(data.get("trailing_space", []), "trailing_space"),
-                   languages=Languages(source, target, *defaults))
+                   languages=Languages(source, target, *defaults), detokenize=detokenize)
 
 
 __all__ = ["TokenizerSpec", "Languages", "TargetLanguage", "MissingLanguage"]

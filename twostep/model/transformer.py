@@ -237,14 +237,20 @@ class Transformer(nn.Module):
         if self.config.tie_generator:
             self.generator.weight = self.tgt_embed.weight
 
-    def embed(self, table: nn.Embedding, pos_table: Tensor, stack: Stack, ids: Tensor, start: Tensor | int) -> Tensor:
-        """`start`: the first position, or one per row (B,) where rows are at different positions."""
+    def embed(self, table: nn.Embedding, pos_table: Tensor, stack: Stack, ids: Tensor, start: Tensor | int,
+              zero_first: bool = False) -> Tensor:
+        """`start`: the first position, or one per row (B,) where rows are at different positions. `zero_first`:
+        position 0 embeds no token, only its position (config.zero_start_embedding)."""
         t = ids.shape[1]
         if isinstance(start, Tensor):
-            positions = pos_table[start[:, None] + torch.arange(t, device=ids.device)]  # (B, T, D)
+            index = start[:, None] + torch.arange(t, device=ids.device)  # (B, T)
         else:
-            positions = pos_table[start : start + t]  # (T, D)
-        x = table(ids) * self.embed_scale + positions  # (B, T, D)
+            index = torch.arange(start, start + t, device=ids.device)  # (T,)
+        positions = pos_table[index]  # (B, T, D) or (T, D)
+        tokens = table(ids) * self.embed_scale  # (B, T, D)
+        if zero_first:
+            tokens = tokens * (index != 0).to(tokens.dtype)[..., None]
+        x = tokens + positions  # (B, T, D)
         x = self.embed_dropout(x)
         return stack.embed_norm(x) if stack.embed_norm is not None else x
 
@@ -280,7 +286,8 @@ class Transformer(nn.Module):
         cross_mask = encoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
 
         positions = self.decoder_pos_table if self.config.positions == "learned" else self.pos_table
-        x = self.embed(self.tgt_embed, positions, self.decoder, input_ids, past_lengths)
+        x = self.embed(self.tgt_embed, positions, self.decoder, input_ids, past_lengths,
+                       self.config.zero_start_embedding)
         present = []
         for layer, layer_past, layer_cross in zip(self.decoder.layers, past, cross):
             x, kv = layer(x, self_mask, layer_past, layer_cross, cross_mask, attend)

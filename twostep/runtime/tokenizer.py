@@ -147,7 +147,15 @@ class Tokenizer:
             pieces = self.target_sp.id_to_piece([i for i in kept if 0 <= i < size])  # one call for all
         else:
             pieces = [self.target_pieces[i] for i in kept if i in self.target_pieces]
-        return self.target_sp.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ").strip()
+        return self.join(pieces)
+
+    def join(self, pieces: list[str]) -> str:
+        """Target pieces as text, as the spec's `detokenize` says."""
+        text = self.target_sp.decode_pieces(pieces).replace(SPIECE_UNDERLINE, " ")
+        if self.spec.detokenize == "argos":  # argostranslate's SentencePieceTokenizer.decode, then its lstrip of one
+            text = text.replace("_", " ")
+            return text[1:] if text.startswith(" ") else text
+        return text.strip()
 
     def target_piece(self, token: int) -> str | None:
         """The piece of a target id (None for an id decode leaves out)."""

@@ -50,6 +50,8 @@ class Imported:
     files: dict[str, Path | bytes] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     family: str | None = None  # where it is not the name it was imported by (NLLB, found under m2m_100)
+    decoding: dict[str, Any] = field(default_factory=dict)  # decoding defaults the artifact records (Argos')
+    source: dict[str, Any] = field(default_factory=dict)  # more of where it came from (an Argos package's metadata)
 
 
 class HFModel:

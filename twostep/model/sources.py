@@ -1,0 +1,56 @@
+"""`twostep import DIR`: which kind of model a directory (or package file) holds, and its import into a twostep
+checkpoint. One registry, tried in order: an Argos Translate package (twostep.model.argos), a CTranslate2 model
+directory (twostep.model.ct2), a transformers directory (twostep.model.hf, whose families are keyed by
+config.json's model_type). `--format` names one: argos, ctranslate2, or a transformers model_type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from twostep.errors import BadCheckpoint
+from twostep.model import argos
+from twostep.model.checkpoint import Checkpoint, save_checkpoint
+from twostep.model.ct2 import CT2Model, find_spm, import_ct2
+from twostep.model.hf import import_hf_directory, is_hub_name
+from twostep.model.hf.common import Imported
+
+
+def is_ct2_directory(src: Path) -> bool:
+    return src.is_dir() and (src / "model.bin").is_file()
+
+
+def import_ct2_directory(src: Path, tokenizer: Path | None, target_tokenizer: Path | None) -> Imported:
+    if not src.is_dir():
+        raise BadCheckpoint(f"{src}: not a directory; a CTranslate2 model is a directory with model.bin")
+    return import_ct2(CT2Model.read(src), find_spm(src, tokenizer, target_tokenizer))
+
+
+# name -> (whether a path holds this kind, its import): tried in this order
+FORMATS: dict[str, tuple[Callable[[Path], bool], Callable[[Path, Path | None, Path | None], Imported]]] = {
+    "argos": (argos.is_package, lambda src, *_: argos.import_package(src)),
+    "ctranslate2": (is_ct2_directory, import_ct2_directory),
+}
+
+
+def is_model_source(src: Path) -> bool:
+    """Whether `twostep import` reads `src` as a model directory or package (not a state dict file)."""
+    return src.is_dir() or is_hub_name(src) or argos.is_package(src)
+
+
+def import_model(src: Path, out_dir: Path, fmt: str | None = None, force: bool = False,
+                 tokenizer: Path | None = None, target_tokenizer: Path | None = None) -> Checkpoint:
+    """Import a model directory or package (`fmt`: its kind, else found) into a twostep checkpoint at out_dir."""
+    src = Path(src)
+    name = fmt if fmt in FORMATS else None if fmt else next((n for n, (holds, _) in FORMATS.items() if holds(src)),
+                                                            None)
+    if name is None:
+        return import_hf_directory(src, out_dir, fmt, force=force)
+    imported = FORMATS[name][1](src, tokenizer, target_tokenizer)
+    info = {"imported_from": {"format": imported.family or name, "directory": str(src), "notes": imported.notes,
+                              **imported.source},
+            "tokenizer": imported.tokenizer.to_json()}
+    if imported.decoding:
+        info["decoding"] = imported.decoding
+    path = save_checkpoint(imported.model, out_dir, info=info, force=force, tokenizer_files=imported.files)
+    return Checkpoint(path=path, model=imported.model, task=None, info=info)
