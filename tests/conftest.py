@@ -1,4 +1,5 @@
-"""Shared fixtures: one tiny random model, the shipped demo checkpoint, and tiny pretrained-family models."""
+"""Shared fixtures: one tiny random model, the shipped demo checkpoint, tiny pretrained-family models, and tiny
+CTranslate2 models and Argos Translate packages."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,3 +178,45 @@ def pretrained(request, tmp_path_factory) -> Pretrained:
     *beam, beam_scores = hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs)
     return Pretrained(request.param, hf, root / "ckpt", root / "art", langs, greedy, tuple(beam), other_target,
                       beam_scores)
+
+
+@dataclass(frozen=True)
+class CT2Models:
+    """Tiny models built by CTranslate2's own converters (tests/ct2_models.py), once per session."""
+
+    opennmt_py: Path  # the OpenNMT-py checkpoint (model.pt)
+    spm: Path  # its SentencePiece model, shared by source and target
+    ct2: Path  # the checkpoint through OpenNMTPyConverter, float32
+    ct2_int8: Path  # the same, int8 (as argos-train converts)
+    marian: Path  # hf_models' Marian through TransformersConverter (source.spm, target.spm beside it)
+    marian_hf: Path  # the transformers directory it was converted from
+    argos: Path  # ct2_int8 and spm as an .argosmodel package
+    argos_dir: Path  # that package extracted, as argostranslate installs it
+    build_s: dict  # seconds each took to build
+
+
+@pytest.fixture(scope="session")
+def ct2_models(tmp_path_factory) -> CT2Models:
+    pytest.importorskip("ctranslate2", reason="the CTranslate2 fixtures are built by its converters")
+    pytest.importorskip("transformers", reason="the Marian CTranslate2 fixture is converted from transformers")
+    import ct2_models as build
+
+    root = tmp_path_factory.mktemp("ct2")
+    seconds = {}
+
+    def timed(name, make, *args, **kwargs):
+        start = time.perf_counter()
+        path = make(*args, **kwargs)
+        seconds[name] = round(time.perf_counter() - start, 2)
+        return path
+
+    ckpt = timed("opennmt_py", build.opennmt_py_checkpoint, root / "opennmt_py")
+    ct2 = timed("ct2", build.convert_opennmt_py, ckpt, root / "ct2")
+    ct2_int8 = timed("ct2_int8", build.convert_opennmt_py, ckpt, root / "ct2-int8", quantization="int8")
+    marian = timed("marian", build.marian_ct2, root / "marian")
+    spm_file = ckpt.parent / "sentencepiece.model"
+    argos = timed("argos", build.argos_package, ct2_int8, spm_file, root / "argos")
+    with zipfile.ZipFile(argos) as archive:  # argostranslate.package.install_from_path
+        archive.extractall(root / "argos-installed")
+    return CT2Models(ckpt, spm_file, ct2, ct2_int8, marian, root / "marian" / "hf", argos,
+                     root / "argos-installed" / argos.stem, seconds)
