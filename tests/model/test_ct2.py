@@ -1,0 +1,217 @@
+"""CTranslate2 model directories and Argos Translate packages imported by twostep's own reader
+(twostep/model/ct2.py, argos.py): models written by CTranslate2's converters (tests/ct2_models.py), imported,
+exported once, and decoded as ctranslate2.Translator(compute_type="float32") decodes them; and one line, exit 1,
+nothing written, for each bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hf_models
+from cli_helpers import assert_user_error, leftovers, twostep
+
+pytest.importorskip("ctranslate2", reason="CTranslate2 is the reference of these tests")
+
+SENTENCES = hf_models.TEST_SENTENCES + ["the dog sat in the garden", "a dog ran over the mat", "good dog"]
+MAX_LEN = 24
+SCORE_ATOL = 1e-4  # |twostep's score - CTranslate2's|: fp32 logits agree to ~1e-5 a step
+
+
+@dataclass(frozen=True)
+class Imported:
+    ct2: Path  # the CTranslate2 directory
+    art: Path  # twostep's artifact of it
+    spm: Path  # the SentencePiece model that splits its source text
+    vocab: list[str]  # CTranslate2's target vocabulary
+    prefix: tuple[str, ...] = ()  # source pieces before a sentence's (Marian's >>fra<<)
+    suffix: tuple[str, ...] = ()  # and after (Marian's </s>)
+
+
+def import_and_export(src: Path, root: Path, **options) -> Path:
+    from twostep.exporter.export import export
+    from twostep.model.sources import import_model
+
+    import_model(src, root / "ckpt", **options)
+    export(root / "ckpt", root / "art")
+    return root / "art"
+
+
+def with_spm(ct2: Path, spm: Path, out: Path) -> Path:
+    """A copy of a CTranslate2 directory with its SentencePiece model beside the model, where the import finds it."""
+    shutil.copytree(ct2, out)
+    shutil.copy(spm, out / "sentencepiece.model")
+    return out
+
+
+def target_vocab(ct2: Path) -> list[str]:
+    return json.loads((ct2 / "shared_vocabulary.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def imported(ct2_models, tmp_path_factory) -> dict[str, Imported]:
+    """Each CTranslate2 model imported and exported once: the OpenNMT-py conversion in float32 and int8 (pre-norm,
+    stored sinusoids, tied embeddings and generator), the transformers Marian conversion (post-norm, swish,
+    projection bias, start_from_zero_embedding)."""
+    root = tmp_path_factory.mktemp("ct2-imported")
+    out = {}
+    for name, ct2 in (("float32", ct2_models.ct2), ("int8", ct2_models.ct2_int8)):
+        ct2 = with_spm(ct2, ct2_models.spm, root / name / "ct2")
+        out[name] = Imported(ct2, import_and_export(ct2, root / name), ct2_models.spm, target_vocab(ct2))
+    out["marian"] = Imported(ct2_models.marian, import_and_export(ct2_models.marian, root / "marian"),
+                             ct2_models.marian / "source.spm", target_vocab(ct2_models.marian), (">>fra<<",),
+                             ("</s>",))
+    return out
+
+
+def ours(model: Imported, options, sentences=SENTENCES):
+    """twostep's hypotheses for the sentences' CTranslate2 source pieces (ids through its vocabulary)."""
+    import sentencepiece as spm
+
+    from twostep.runtime.translator import open_translator
+
+    sp = spm.SentencePieceProcessor(model_file=str(model.spm))
+    index = {t: i for i, t in reversed(list(enumerate(target_vocab(model.ct2))))}
+    sources = [[index.get(p, index["<unk>"]) for p in (*model.prefix, *sp.encode(s, out_type=str), *model.suffix)]
+               for s in sentences]
+    translator, backend = open_translator(model.art)
+    with backend:
+        return translator.decode_ids(sources, options)
+
+
+def reference(model: Imported, **kwargs):
+    import ct2_models
+
+    return ct2_models.ct2_reference(model.ct2, model.spm, SENTENCES, model.prefix, model.suffix,
+                                    max_decoding_length=MAX_LEN, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["float32", "int8", "marian"])
+def test_greedy_equals_ctranslate2(imported, name):
+    from twostep.runtime.decoding import DecodeOptions
+
+    model = imported[name]
+    expected, _ = reference(model, beam_size=1, min_decoding_length=0)
+    got = ours(model, DecodeOptions(max_new_tokens=MAX_LEN))
+    assert [[model.vocab[i] for i in h[0].tokens] for h in got] == expected
+    assert len({tuple(e) for e in expected}) >= 4  # the outputs vary with the input
+
+
+def test_the_import_reads_what_each_converter_wrote(imported):
+    from twostep.artifact import load_artifact
+
+    pre = load_artifact(imported["float32"].art).config
+    post = load_artifact(imported["marian"].art).config
+    assert (pre.norm_placement, pre.positions, pre.tie_generator, pre.activation) == ("pre", "learned", True, "relu")
+    assert pre.encoder_final_norm and pre.decoder_final_norm and not pre.zero_start_embedding
+    assert pre.norm_eps == 1e-5  # config.json's layer_norm_epsilon null: CTranslate2's LayerNorm default
+    assert (post.norm_placement, post.activation, post.zero_start_embedding) == ("post", "silu", True)
+    assert not post.encoder_final_norm
+
+
+def test_int8_weights_are_dequantized_as_ctranslate2_does(ct2_models):
+    """int8 rows divided by their weight_scale: within half a quantization step of the float32 weights."""
+    from twostep.model.ct2 import CT2Model
+
+    fp32, int8 = CT2Model.read(ct2_models.ct2), CT2Model.read(ct2_models.ct2_int8)
+    name = "encoder/layer_0/ffn/linear_0/weight"
+    assert int8.variables[name].dtype == np.int8 and fp32.variables[name].dtype == np.float32
+    exact, dequantized = fp32.weight(name).numpy(), int8.weight(name).numpy()
+    step = np.abs(exact).max(axis=1, keepdims=True) / 127
+    assert np.all(np.abs(dequantized - exact) <= step / 2 + 1e-7)
+    assert not np.array_equal(dequantized, exact)
+
+
+def test_an_argos_package_imports_with_its_languages(ct2_models, tmp_path):
+    """The .argosmodel zip and the folder argostranslate installs import alike, read in place: the languages of
+    metadata.json, the decoding defaults of argostranslate, its detokenization; nothing extracted."""
+    from twostep.model.checkpoint import load_checkpoint
+    from twostep.model.sources import import_model
+
+    before = sorted(p.name for p in ct2_models.argos.parent.iterdir())
+    for src, out in ((ct2_models.argos, tmp_path / "zip"), (ct2_models.argos_dir, tmp_path / "folder")):
+        ckpt = import_model(src, out)
+        tokenizer = ckpt.info["tokenizer"]
+        assert ckpt.info["imported_from"]["format"] == "argos"
+        assert set(tokenizer["languages"]["source"]) == {"en"} and set(tokenizer["languages"]["target"]) == {"fr"}
+        assert tokenizer["detokenize"] == "argos"
+        assert ckpt.info["decoding"] == {"beam_size": 4, "length_penalty": 0.2, "beam_stop": "ctranslate2",
+                                         "max_new_tokens": 256}
+    assert sorted(p.name for p in ct2_models.argos.parent.iterdir()) == before
+    a, b = load_checkpoint(tmp_path / "zip"), load_checkpoint(tmp_path / "folder")
+    assert all(np.array_equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
+
+
+# --- bad inputs: one line, exit 1, nothing written ---
+
+
+def bad_import(src: Path, tmp_path: Path, expected: str) -> None:
+    out = tmp_path / "out"
+    result = twostep("import", src, "--out", out)
+    assert_user_error(result, expected)
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+    assert not out.exists() and not leftovers(tmp_path)
+
+
+def test_a_truncated_model_bin_is_refused(ct2_models, tmp_path):
+    model = with_spm(ct2_models.ct2, ct2_models.spm, tmp_path / "model")
+    data = (model / "model.bin").read_bytes()
+    (model / "model.bin").write_bytes(data[: len(data) // 2])
+    bad_import(model, tmp_path, "truncated")
+
+
+def test_an_unknown_binary_version_is_refused(ct2_models, tmp_path):
+    model = with_spm(ct2_models.ct2, ct2_models.spm, tmp_path / "model")
+    data = (model / "model.bin").read_bytes()
+    (model / "model.bin").write_bytes(struct.pack("<I", 7) + data[4:])
+    bad_import(model, tmp_path, "binary version 7")
+
+
+def rename_variable(model_bin: Path, old: str, new: str) -> None:
+    """A variable renamed in model.bin (its length-prefixed name), as if it were another spec feature's."""
+    def field(name: str) -> bytes:
+        return struct.pack("<H", len(name) + 1) + name.encode() + b"\0"
+
+    data = model_bin.read_bytes()
+    assert data.count(field(old)) == 1
+    model_bin.write_bytes(data.replace(field(old), field(new)))
+
+
+def test_a_spec_feature_twostep_does_not_run_is_named(ct2_models, tmp_path):
+    model = with_spm(ct2_models.ct2, ct2_models.spm, tmp_path / "model")
+    # the encoder's first self-attention gains Shaw-style relative positions
+    rename_variable(model / "model.bin", "encoder/layer_0/self_attention/linear_1/weight",
+                    "encoder/layer_0/self_attention/relative_position_keys")
+    bad_import(model, tmp_path, "Shaw-style relative positions")
+
+
+def test_a_vocabulary_that_does_not_fit_the_embedding_is_refused(ct2_models, tmp_path):
+    model = with_spm(ct2_models.ct2, ct2_models.spm, tmp_path / "model")
+    vocab = json.loads((model / "shared_vocabulary.json").read_text())
+    (model / "shared_vocabulary.json").write_text(json.dumps(vocab + ["extra"]))
+    bad_import(model, tmp_path, "vocabulary has")
+
+
+def test_a_zip_member_escaping_the_package_is_refused(ct2_models, tmp_path):
+    package = tmp_path / "evil.argosmodel"
+    shutil.copy(ct2_models.argos, package)
+    with zipfile.ZipFile(package, "a") as archive:
+        archive.writestr("../escaped.txt", "outside")
+    bad_import(package, tmp_path, "escapes the package")
+    assert not (tmp_path.parent / "escaped.txt").exists()
+
+
+def test_a_package_without_from_code_is_refused(ct2_models, tmp_path):
+    package = tmp_path / "package"
+    shutil.copytree(ct2_models.argos_dir, package)
+    metadata = json.loads((package / "metadata.json").read_text())
+    del metadata["from_code"]
+    (package / "metadata.json").write_text(json.dumps(metadata))
+    bad_import(package, tmp_path, "no from_code")
