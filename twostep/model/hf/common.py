@@ -230,7 +230,7 @@ def coded_tokenizer(hf: HFModel, rows: int, code: re.Pattern[str], fallback_sour
         ids.check_rows(rows)
     elif spm_ids is not None and spm.is_file():
         ids = spm_ids(spm)
-        check_vocab(f"{spm.name} numbered as {what}'s tokenizer numbers it", ids.table, rows, "embedding")
+        check_vocab(f"{spm.name} with {what}'s special tokens and language codes", ids.table, rows, "embedding")
     elif spm_ids is not None:
         raise BadCheckpoint(f"{hf.path}: neither {TOKENIZER_JSON} nor {spm.name} ({what}'s tokenizer, which gives the "
                             "ids of its pieces and language codes); save the tokenizer with the model "

@@ -97,7 +97,7 @@ def spm_ids(hf: HFModel, path: Path) -> CodedIds:
     if pieces[: len(SPM_SPECIALS)] != SPM_SPECIALS:
         raise BadCheckpoint(f"{path}: its first pieces are {' '.join(pieces[:3])}, not mBART-50's "
                             f"{' '.join(SPM_SPECIALS)}, so MBart50Tokenizer's numbering does not apply; save the "
-                            f"tokenizer's {TOKENIZER_JSON} with it")
+                            f"tokenizer with transformers 5 (its save_pretrained writes {TOKENIZER_JSON})")
     after = len(pieces) + FAIRSEQ_OFFSET
     added = {**FAIRSEQ_SPECIALS, **{code: after + i for i, code in enumerate(LANGUAGE_CODES)},
              "<mask>": after + len(LANGUAGE_CODES)}
@@ -107,8 +107,8 @@ def spm_ids(hf: HFModel, path: Path) -> CodedIds:
         unknown = [t for t in declared_specials(hf, name) if t not in table]
         if unknown:
             raise BadCheckpoint(f"{hf.path / name}: special tokens {', '.join(unknown)} beyond MBart50Tokenizer's "
-                                f"own, whose ids only a {TOKENIZER_JSON} gives; save the tokenizer's {TOKENIZER_JSON} "
-                                "with it")
+                                f"own, whose ids only a {TOKENIZER_JSON} gives; save the tokenizer with transformers 5 "
+                                f"(its save_pretrained writes {TOKENIZER_JSON})")
     return CodedIds(path, table, added)
 
 
