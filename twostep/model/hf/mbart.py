@@ -113,11 +113,14 @@ def spm_ids(hf: HFModel, path: Path) -> CodedIds:
 
 
 def declared_specials(hf: HFModel, name: str) -> list[str]:
-    """The additional special tokens a tokenizer file names (transformers 4's additional_special_tokens, 5's
-    extra_special_tokens; strings or AddedToken objects)."""
+    """The additional special tokens a tokenizer file names (transformers 4's additional_special_tokens and
+    extra_special_tokens {name: token}, 5's extra_special_tokens list; strings or AddedToken objects)."""
     path = hf.path / name
     data: Any = read_json(path, BadCheckpoint) if path.is_file() else {}
     if not isinstance(data, dict):
         raise BadCheckpoint(f"{path}: expected a JSON object")
-    tokens = [*(data.get("additional_special_tokens") or []), *(data.get("extra_special_tokens") or [])]
-    return [t["content"] if isinstance(t, dict) else str(t) for t in tokens]
+    tokens: list[Any] = []
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        value = data.get(key)
+        tokens += list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else []
+    return [str(t.get("content")) if isinstance(t, dict) else str(t) for t in tokens]
