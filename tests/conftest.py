@@ -220,3 +220,27 @@ def ct2_models(tmp_path_factory) -> CT2Models:
         archive.extractall(root / "argos-installed")
     return CT2Models(ckpt, spm_file, ct2, ct2_int8, marian, root / "marian" / "hf", argos,
                      root / "argos-installed" / argos.stem, seconds)
+
+
+# The tests of mbart50_hub take the session's mBART-50 model: `@ONLY_MBART50` picks it among PRETRAINED (a whole
+# PRETRAINED entry for the hub's layout would add about a minute to every run: its own model, export, C++ tests).
+ONLY_MBART50 = pytest.mark.parametrize("pretrained", ["mbart50"], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def mbart50_hub(pretrained, tmp_path_factory) -> Pretrained:
+    """The session's mBART-50 model in the hub's layout, without tokenizer.json (hf_models.mbart50_hub_layout):
+    imported from its sentencepiece.bpe.model, exported with the contract's graphs alone, and transformers'
+    generate() answers computed on that directory."""
+    from twostep.exporter.export import export
+    from twostep.model.hf import import_hf_directory
+
+    root = tmp_path_factory.mktemp("mbart50-hub")
+    hf = hf_models.mbart50_hub_layout(pretrained.hf, root / "hf")
+    import_hf_directory(hf, root / "ckpt")
+    export(root / "ckpt", root / "art", variants=[])
+    sentences, langs = hf_models.TEST_SENTENCES, pretrained.langs
+    greedy = hf_models.reference(hf, sentences, NEW_TOKENS, **langs)[:2]
+    *beam, beam_scores = hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs)
+    return Pretrained("mbart50-hub", hf, root / "ckpt", root / "art", langs, greedy, tuple(beam),
+                      pretrained.other_target, beam_scores)

@@ -184,6 +184,21 @@ def mbart50_dir(out: Path, with_spm: bool = True, seed: int = 0, train_steps: in
     return finish(model, tokenizer, out, spm_file if with_spm else None, seed, train_steps)
 
 
+def mbart50_hub_layout(model_dir: Path, out: Path) -> Path:
+    """A copy of an mBART-50 directory (mbart50_dir's) in the layout of the hub's facebook/mbart-large-50-many-to-
+    many-mmt and of transformers 4's slow MBart50Tokenizer.save_pretrained: sentencepiece.bpe.model,
+    tokenizer_config.json, special_tokens_map.json and no tokenizer.json. The installed transformers (5.x) saves
+    tokenizer.json and no special_tokens_map.json: the copy leaves out the one and writes the other as 4.x did."""
+    from transformers.models.mbart50.tokenization_mbart50 import FAIRSEQ_LANGUAGE_CODES
+
+    shutil.copytree(model_dir, out, ignore=shutil.ignore_patterns("tokenizer.json", "src"))
+    mask = {"content": "<mask>", "lstrip": True, "normalized": True, "rstrip": False, "single_word": False}
+    (out / "special_tokens_map.json").write_text(json.dumps({
+        "additional_special_tokens": FAIRSEQ_LANGUAGE_CODES, "bos_token": "<s>", "cls_token": "<s>",
+        "eos_token": "</s>", "mask_token": mask, "pad_token": "<pad>", "sep_token": "</s>", "unk_token": "<unk>"}))
+    return out
+
+
 FAIRSEQ_SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                      decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
                      scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,

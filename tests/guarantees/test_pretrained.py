@@ -12,7 +12,7 @@ import pytest
 
 import hf_models
 from cli_helpers import twostep
-from conftest import NEW_TOKENS, SCORE_ATOL
+from conftest import NEW_TOKENS, ONLY_MBART50, SCORE_ATOL
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.translator import open_translator
 
@@ -53,6 +53,20 @@ def test_beam_search_with_transformers_stopping_rule_decodes_its_tokens_and_text
     tokens, texts, _, scores = translate(pretrained, options, with_scores=True)
     assert (tokens, texts) == pretrained.beam
     assert np.allclose(scores, pretrained.beam_scores, rtol=0, atol=SCORE_ATOL), (scores, pretrained.beam_scores)
+
+
+@ONLY_MBART50
+def test_mbart50_without_tokenizer_json_decodes_transformers_tokens_and_text(mbart50_hub):
+    """The hub's mBART-50 layout (sentencepiece.bpe.model, no tokenizer.json), its ids numbered as MBart50Tokenizer
+    numbers them: greedy and beam 4 decode transformers' generate() on that directory, to the last token."""
+    assert not (mbart50_hub.hf / "tokenizer.json").exists()
+    assert any(len(t) < NEW_TOKENS for t in mbart50_hub.greedy[0]), "the test model should end some sentences at eos"
+    tokens, texts, _ = translate(mbart50_hub, DecodeOptions(max_new_tokens=NEW_TOKENS))
+    assert (tokens, texts) == mbart50_hub.greedy
+    options = DecodeOptions(beam_size=4, max_new_tokens=NEW_TOKENS, beam_stop="transformers")
+    tokens, texts, _, scores = translate(mbart50_hub, options, with_scores=True)
+    assert (tokens, texts) == mbart50_hub.beam
+    assert np.allclose(scores, mbart50_hub.beam_scores, rtol=0, atol=SCORE_ATOL), (scores, mbart50_hub.beam_scores)
 
 
 def test_the_cli_translates_text_with_languages_as_transformers_does(pretrained):

@@ -10,6 +10,7 @@ import pytest
 
 import hf_models
 from cli_helpers import assert_user_error, leftovers, twostep
+from conftest import ONLY_MBART50
 from twostep.runtime.tokenizer import Tokenizer
 
 TRICKY = ["the cat sat on the mat", "  leading and trailing spaces  ", "zebra xylophone qqq", "unicode: café ñ 猫",
@@ -152,12 +153,31 @@ def remove_tokenizer(path):
         (path / name).unlink(missing_ok=True)
 
 
+def without_json(path, edit):
+    """The hub's mBART-50 layout (no tokenizer.json), then `edit(path)`."""
+    (path / "tokenizer.json").unlink()
+    edit(path)
+
+
+def another_spm(path):
+    """A SentencePiece model of fewer pieces than the weights' embedding numbers."""
+    hf_models.train_spm(path / "sentencepiece.bpe.model", hf_models.SOURCE_TEXT, 40, model_type="unigram")
+
+
+def extra_special(path):
+    """A special token beyond MBart50Tokenizer's own, whose id only tokenizer.json would give."""
+    (path / "special_tokens_map.json").write_text(json.dumps({"additional_special_tokens": ["en_XX", "<extra>"]}))
+
+
 @pytest.mark.parametrize("family, edit, fragments", [
     ("nllb", remove_tokenizer, ["no tokenizer files", "NLLB"]),
     ("nllb", lambda p: (p / "tokenizer.json").unlink(), ["missing tokenizer.json", "NLLB"]),
     ("nllb", wordpiece, ["a WordPiece tokenizer", "BPE and Unigram"]),
     ("mbart", shorter_positions, ["decoder.embed_positions.weight has 65 rows", "needs 66"]),
-    ("mbart", lambda p: (p / "tokenizer.json").unlink(), ["missing tokenizer.json", "mBART-50"]),
+    ("mbart", remove_tokenizer, ["neither tokenizer.json nor sentencepiece.bpe.model", "mBART-50"]),
+    ("mbart", lambda p: without_json(p, another_spm),
+     ["sentencepiece.bpe.model with mBART-50's special tokens and language codes has", "embedding has 132 rows"]),
+    ("mbart", lambda p: without_json(p, extra_special), ["special tokens <extra>", "tokenizer.json"]),
 ])
 def test_what_multilingual_families_cannot_import_is_one_line_and_nothing_is_written(request, tmp_path, family, edit,
                                                                                      fragments):
@@ -166,6 +186,47 @@ def test_what_multilingual_families_cannot_import_is_one_line_and_nothing_is_wri
     assert_user_error(twostep("import", bad, "--out", out), *fragments)
     assert not out.exists()
     assert leftovers(tmp_path) == []
+
+
+@ONLY_MBART50
+def test_mbart50_without_tokenizer_json_numbers_pieces_as_MBart50Tokenizer(mbart50_hub):
+    """The hub's mBART-50 layout (sentencepiece.bpe.model, tokenizer_config.json, special_tokens_map.json): every id
+    as transformers' MBart50Tokenizer gives it reading the same directory (fairseq's <s> <pad> </s> <unk>, each
+    piece at its SentencePiece id + 1, the 52 language codes after the pieces, <mask> last), and source text to
+    ids as it tokenizes it."""
+    from transformers import MBart50Tokenizer
+
+    hub = mbart50_hub
+    assert sorted(p.name for p in hub.hf.iterdir() if "token" in p.name or p.suffix == ".model") == [
+        "sentencepiece.bpe.model", "special_tokens_map.json", "tokenizer_config.json"]
+    theirs = MBart50Tokenizer.from_pretrained(hub.hf)
+    table = json.loads((hub.ckpt / "source_vocab.json").read_text())
+    assert table == theirs.get_vocab()
+    assert [table[p] for p in ("<s>", "<pad>", "</s>", "<unk>", "ar_AR", "sl_SI", "<mask>")] == [
+        0, 1, 2, 3, len(table) - 53, len(table) - 2, len(table) - 1]
+    ours = Tokenizer.load(hub.ckpt, load_spec(hub.ckpt))
+    for src_lang in ("en_XX", "de_DE"):
+        theirs.src_lang = src_lang
+        for text in TRICKY:
+            assert ours.encode_source(text, src_lang=src_lang, tgt_lang="fr_XX") == theirs(text).input_ids, text
+
+
+def test_mbart50_without_tokenizer_json_takes_its_default_languages_from_the_tokenizer_and_generation_configs(
+        mbart_hf, tmp_path):
+    def edit(path):
+        (path / "tokenizer.json").unlink()
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        (path / "tokenizer_config.json").write_text(json.dumps({**config, "src_lang": "de_DE"}))
+        generation = json.loads((path / "generation_config.json").read_text())
+        ro = json.loads((mbart_hf / "tokenizer.json").read_text())["model"]["vocab"]
+        ro_id = next(i for i, (piece, _) in enumerate(ro) if piece == "ro_RO")
+        (path / "generation_config.json").write_text(json.dumps({**generation, "forced_bos_token_id": ro_id}))
+
+    hub = broken_copy(mbart_hf, tmp_path, edit)
+    result = twostep("import", hub, "--out", tmp_path / "ckpt")
+    assert result.returncode == 0, result.stderr
+    languages = load_spec(tmp_path / "ckpt").languages
+    assert (languages.default_source, languages.default_target) == ("de_DE", "ro_RO")
 
 
 def test_nllb_is_found_under_m2m100s_model_type_and_format_names_it(nllb_hf, tmp_path):

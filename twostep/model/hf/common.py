@@ -216,40 +216,50 @@ def forced_languages(hf: HFModel, lang_ids: dict[str, int], default_source: str 
                      default_source=default_source, default_target=default_target)
 
 
-def coded_tokenizer(hf: HFModel, rows: int, code: re.Pattern[str], fallback_source: str,
-                    what: str) -> tuple[TokenizerSpec, dict[str, Path | bytes], int]:
+def coded_tokenizer(hf: HFModel, rows: int, code: re.Pattern[str], fallback_source: str, what: str,
+                    spm_ids: Callable[[Path], CodedIds] | None = None,
+                    ) -> tuple[TokenizerSpec, dict[str, Path | bytes], int]:
     """The tokenizer of NLLB and mBART-50: `tokenizer.json` gives every id (pieces, specials, the language codes:
     the added tokens that `code` matches), and the SentencePiece model it was converted from, where the directory
     has it (the hub's layout), splits text, as the C++ library can too; without it (transformers 5 saves
-    tokenizer.json alone) the tokenizers library splits it, in Python only. A source sentence is
-    [src_lang] pieces </s>; the target language is forced after the decoder's start. Returns the spec, its files
-    and the unk id."""
-    if not (hf.path / TOKENIZER_JSON).is_file():
+    tokenizer.json alone) the tokenizers library splits it, in Python only. Without tokenizer.json, a family whose
+    tokenizer numbers the SentencePiece model's pieces by a rule (`spm_ids`: mBART-50's) reads the ids from that
+    model, which must then number the embedding's rows exactly. A source sentence is [src_lang] pieces </s>; the
+    target language is forced after the decoder's start. Returns the spec, its files and the unk id."""
+    spm = hf.path / "sentencepiece.bpe.model"
+    if (hf.path / TOKENIZER_JSON).is_file():
+        ids = TokenizerJson.read(hf.path / TOKENIZER_JSON).ids()
+        ids.check_rows(rows)
+    elif spm_ids is not None and spm.is_file():
+        ids = spm_ids(spm)
+        check_vocab(f"{spm.name} with {what}'s special tokens and language codes", ids.table, rows, "embedding")
+    elif spm_ids is not None:
+        raise BadCheckpoint(f"{hf.path}: neither {TOKENIZER_JSON} nor {spm.name} ({what}'s tokenizer, which gives the "
+                            "ids of its pieces and language codes); save the tokenizer with the model "
+                            "(tokenizer.save_pretrained)")
+    else:
         raise BadCheckpoint(f"{hf.path}: missing {TOKENIZER_JSON} ({what}'s tokenizer, which gives the ids of its "
                             "pieces and language codes); save the tokenizer with the model (tokenizer.save_pretrained)")
-    tj = TokenizerJson.read(hf.path / TOKENIZER_JSON)
-    tj.check_rows(rows)
     tok = tokenizer_config(hf)
     if tok.get("legacy_behaviour"):
         raise BadCheckpoint(f"{hf.path / 'tokenizer_config.json'}: legacy_behaviour is true (the language code after "
                             "</s>); twostep reads the default order, [src_lang] pieces </s>: set it false")
-    lang_ids = {piece: i for piece, i in tj.added.items() if code.fullmatch(piece)}
+    lang_ids = {piece: i for piece, i in ids.added.items() if code.fullmatch(piece)}
     if not lang_ids:
-        raise BadCheckpoint(f"{tj.path}: no language codes among its added tokens; is this {what}'s tokenizer?")
-    eos, unk = tj.id_of("</s>"), tj.id_of("<unk>")
-    specials = {piece: i for piece, i in tj.added.items()}
+        raise BadCheckpoint(f"{ids.path}: no language codes among its added tokens; is this {what}'s tokenizer?")
+    eos, unk = ids.id_of("</s>"), ids.id_of("<unk>")
+    specials = dict(ids.added)
     languages = forced_languages(hf, lang_ids, tok.get("src_lang"), fallback_source)
     drop = tuple(sorted(set(specials.values()) | {hf.get("pad_token_id"), eos, unk}))
-    spm = hf.path / "sentencepiece.bpe.model"
     if spm.is_file():
         spec = TokenizerSpec(
             source_model=SOURCE_SPM, target_model=SOURCE_SPM, source_vocab=SOURCE_VOCAB, target_vocab=SOURCE_VOCAB,
             source_suffix=(eos,), unk_id=unk, special_pieces=tuple(specials), languages=languages, drop_ids=drop,
-            trailing_space=tj.trailing_space())
-        return spec, {SOURCE_SPM: spm, SOURCE_VOCAB: json.dumps(tj.table, ensure_ascii=False).encode()}, unk
+            trailing_space=ids.trailing_space)
+        return spec, {SOURCE_SPM: spm, SOURCE_VOCAB: json.dumps(ids.table, ensure_ascii=False).encode()}, unk
     spec = TokenizerSpec(source_model=TOKENIZER_JSON, target_model=TOKENIZER_JSON, kind="tokenizers",
                          source_suffix=(eos,), unk_id=unk, languages=languages, drop_ids=drop)
-    return spec, {TOKENIZER_JSON: tj.path}, unk
+    return spec, {TOKENIZER_JSON: ids.path}, unk
 
 
 GENERATOR = "lm_head.weight"
@@ -286,6 +296,29 @@ def tokenizer_config(hf: HFModel) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise BadCheckpoint(f"{path}: expected a JSON object")
     return config
+
+
+@dataclass(frozen=True)
+class CodedIds:
+    """A coded tokenizer's ids (NLLB's, mBART-50's): `table` {piece: id} of every piece, specials and language
+    codes included, `added` {piece: id} of those alone, `trailing_space` (the manifest's), and the file read."""
+
+    path: Path
+    table: dict[str, int]
+    added: dict[str, int]
+    trailing_space: tuple[int, ...] = ()
+
+    def check_rows(self, rows: int) -> None:
+        """Every id must be a row of the embedding (which may have more rows than the tokenizer: NLLB pads it)."""
+        top = max(self.table.values(), default=-1)
+        if top >= rows:
+            raise BadCheckpoint(f"{self.path.name} has ids up to {top}, but the model's embedding has {rows} rows: "
+                                "the tokenizer files do not belong to these weights")
+
+    def id_of(self, piece: str) -> int:
+        if piece not in self.table:
+            raise BadCheckpoint(f"{self.path}: no {piece} token")
+        return self.table[piece]
 
 
 @dataclass(frozen=True)
@@ -329,12 +362,8 @@ class TokenizerJson:
 
         return cls(path, kind, table, added, section("normalizer"), section("pre_tokenizer"))
 
-    def check_rows(self, rows: int) -> None:
-        """Every id must be a row of the embedding (which may have more rows than the tokenizer: NLLB pads it)."""
-        top = max(self.table.values(), default=-1)
-        if top >= rows:
-            raise BadCheckpoint(f"{self.path.name} has ids up to {top}, but the model's embedding has {rows} rows: "
-                                "the tokenizer files do not belong to these weights")
+    def ids(self) -> CodedIds:
+        return CodedIds(self.path, self.table, self.added, self.trailing_space())
 
     def trailing_space(self) -> tuple[int, ...]:
         """The ids tokenizers gives whitespace at the end of a stretch of text that SentencePiece drops: the "▁"
@@ -345,11 +374,6 @@ class TokenizerJson:
         strips = any(n.get("type") == "Strip" and n.get("right", True) for n in normalizers if isinstance(n, dict))
         metaspace = self.pre_tokenizer.get("type") == "Metaspace"
         return (self.table["\u2581"],) if metaspace and not strips and "\u2581" in self.table else ()
-
-    def id_of(self, piece: str) -> int:
-        if piece not in self.table:
-            raise BadCheckpoint(f"{self.path}: no {piece} token")
-        return self.table[piece]
 
 
 Importer = Callable[[HFModel], Imported]
