@@ -4,12 +4,13 @@ of the model it runs, and the hypotheses."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twostep.errors import BadInput
+from twostep.errors import BadArtifact, BadInput
 
 if TYPE_CHECKING:
     from twostep.artifact.config import ModelConfig
@@ -102,6 +103,21 @@ class DecodeOptions:
             problems.append(f"min_new_tokens must be an integer >= 0, got {self.min_new_tokens!r}")
         if problems:
             raise BadInput("bad decoding options: " + "; ".join(problems))
+
+
+def with_defaults(defaults: Mapping[str, Any] | None = None, where: str = "the model's decoding defaults",
+                  **given: Any) -> DecodeOptions:
+    """The one place where a model's decoding defaults (an artifact manifest's `decoding` section, a checkpoint
+    info's) meet a caller's explicit options: DecodeOptions of the defaults, each overridden by a `given` value
+    that is not None (None: not given; so a given max_new_tokens or seed of None cannot undo a default). Defaults
+    that DecodeOptions refuses are the model's fault: a BadArtifact naming `where`; given values it refuses, with
+    the defaults or not, the caller's: BadInput."""
+    defaults = dict(defaults or {})
+    try:
+        DecodeOptions(**defaults)
+    except (BadInput, TypeError) as exc:
+        raise BadArtifact(f"{where}: {exc}") from None
+    return DecodeOptions(**{**defaults, **{k: v for k, v in given.items() if v is not None}})
 
 
 def is_int(value) -> bool:
