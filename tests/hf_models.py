@@ -265,3 +265,18 @@ def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int
             out = out[: out.index(model.generation_config.eos_token_id)]
         tokens.append(out)
     return tokens, texts_out, scores if beams > 1 else None
+
+
+def zero_start_embedding(model_dir: Path) -> Path:
+    """Zero the embedding row of a Marian model's decoder start token (pad), in place. CTranslate2's Marian
+    conversion starts the decoder from a zero embedding (`start_from_zero_embedding`) whatever that row holds,
+    as OPUS-MT models' zero row gives; marian_dir's random row would not. transformers and CTranslate2 then
+    decode the same model."""
+    import torch
+    from transformers import MarianMTModel
+
+    model = MarianMTModel.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        model.get_decoder().embed_tokens.weight[model.config.decoder_start_token_id].zero_()
+    model.save_pretrained(model_dir)
+    return model_dir

@@ -21,6 +21,8 @@ from twostep.errors import BadInput, TwostepError
 from twostep.runtime.backends.profile import DEFAULT_ROWS
 from twostep.serving.limits import BATCHING, BatchLimits
 
+DEFAULTS = "Default: the model's (its manifest's decoding section), else twostep's."
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deploy PyTorch encoder-decoder Transformers as two ONNX graphs with a KV cache.")
 # Piped output is read by programs and tests: no 80-column wrapping there.
@@ -101,13 +103,21 @@ def translate(
                                                "--no-split or --ids: one sentence a line)."),
     backend: Optional[str] = typer.Option(None, help="torch, ort-cpu, ort-cuda; default ort-cpu for artifacts."),
     checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint, for --backend torch on an artifact."),
-    beam: int = typer.Option(1, min=1, help="Beam size; 1 is greedy."),
-    n_best: int = typer.Option(1, min=1, help="Hypotheses per sentence (with --beam)."),
-    length_penalty: float = typer.Option(1.0),
-    sample: bool = typer.Option(False, help="Sample instead of searching."),
-    temperature: float = typer.Option(1.0), top_k: int = typer.Option(0, min=0), top_p: float = typer.Option(1.0),
+    beam: Optional[int] = typer.Option(None, min=1, show_default=False, help=f"Beam size; 1 is greedy. {DEFAULTS}"),
+    n_best: Optional[int] = typer.Option(None, min=1, show_default=False, help="Hypotheses per sentence (with "
+                                         f"--beam). {DEFAULTS}"),
+    length_penalty: Optional[float] = typer.Option(None, show_default=False, help="Beam scores: log-probability / "
+                                                   f"length ** this. {DEFAULTS}"),
+    sample: Optional[bool] = typer.Option(None, "--sample/--no-sample", show_default=False,
+                                          help=f"Sample instead of searching. {DEFAULTS}"),
+    temperature: Optional[float] = typer.Option(None, show_default=False),
+    top_k: Optional[int] = typer.Option(None, min=0, show_default=False),
+    top_p: Optional[float] = typer.Option(None, show_default=False),
     seed: Optional[int] = typer.Option(None),
-    max_new_tokens: Optional[int] = typer.Option(None, min=1),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, show_default=False,
+                                                 help=f"Default: 2 x source length + 16. {DEFAULTS}"),
+    min_new_tokens: Optional[int] = typer.Option(None, min=0, show_default=False,
+                                                 help=f"No eos before this many tokens. {DEFAULTS}"),
     threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads (default: the library's)."),
     device: str = typer.Option("cpu", help="torch backend only: cpu or cuda."),
     ids: bool = typer.Option(False, "--ids", help="Input and output are token ids separated by spaces."),
@@ -117,15 +127,16 @@ def translate(
                                            "into sentences (English's without it)."),
     tgt_lang: Optional[str] = typer.Option(None, help="Target language (M2M100: fr; NLLB: fra_Latn; mBART-50: "
                                            "fr_XX; multilingual Marian: fra)."),
-    beam_stop: str = typer.Option("n_best", help="Beam search's stopping rule: n_best, or transformers (its "
-                                  "generate()'s: keeps --beam finished hypotheses, may run longer)."),
+    beam_stop: Optional[str] = typer.Option(None, show_default=False, help=(
+        "Beam search's stopping rule: n_best (twostep's), transformers (its generate()'s: keeps --beam finished "
+        "hypotheses, may run longer), or ctranslate2 (CTranslate2's beam search, as Argos Translate decodes). "
+        f"{DEFAULTS}")),
     split: bool = typer.Option(True, "--split/--no-split", help=(
         "Translate each text sentence by sentence, keeping the spaces, line breaks and paragraphs between "
         "sentences (--n-best: a text of several sentences gets one translation, its sentences' best). "
         "--no-split: each text is one sentence.")),
 ) -> None:
     """Translate texts with any backend: each text is split into sentences (--no-split: it is one sentence)."""
-    from twostep.runtime.decoding import DecodeOptions
     from twostep.runtime.translator import open_translator
 
     split = split and not ids
@@ -137,9 +148,9 @@ def translate(
         sentences = [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not sentences:
         raise TwostepError("no input: give texts as arguments or on stdin")
-    options = DecodeOptions(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
-                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            max_new_tokens=max_new_tokens, beam_stop=beam_stop)
+    options = dict(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
+                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
+                   min_new_tokens=min_new_tokens, beam_stop=beam_stop)  # None: the model's default
     extra = {"threads": threads} if threads else {}
     if device != "cpu":
         extra["device"] = device

@@ -9,6 +9,9 @@ reads the manifest's raw keys.
     graphs                   the contract's two graphs: {name: {file, inputs, outputs}}
     variants                 runtime-specific graphs beside them: {name: {file, inputs, outputs, runtime, ops}}
     tokenizer                how text becomes ids and back, or null (twostep.artifact.tokenizer)
+    decoding                 optional: how the model decodes when a caller does not say (DecodeOptions field
+                             names -> values, e.g. an Argos Translate package's beam 4 and CTranslate2's rule);
+                             absent: twostep's defaults. Older twostep readers ignore it.
     task, exporter, validation
     files                    sha256 of every file of the artifact
 
@@ -41,6 +44,10 @@ READS = (2, 3)
 DTYPES = ("float32", "float16")
 PRECISIONS = ("fp32", "fp16", "int8")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+# The decoding defaults an artifact may record: DecodeOptions (twostep.runtime.decoding) field -> JSON type. The
+# values' ranges are DecodeOptions' to check, when a translator opens the artifact.
+DECODING_FIELDS = {"beam_size": int, "n_best": int, "length_penalty": float, "beam_stop": str, "max_new_tokens": int,
+                   "min_new_tokens": int, "sampling": bool, "temperature": float, "top_k": int, "top_p": float}
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class Manifest:
     exporter: dict = field(default_factory=dict)
     validation: dict | None = None
     files: Mapping[str, str] = field(default_factory=dict)  # every file's sha256
+    decoding: Mapping[str, Any] | None = None  # decoding defaults (DECODING_FIELDS); None: twostep's
 
     @property
     def variants(self) -> dict[str, GraphEntry]:
@@ -109,6 +117,8 @@ class Manifest:
             "task": self.task,
             "exporter": self.exporter,
         }
+        if self.decoding is not None:
+            out["decoding"] = dict(self.decoding)
         if self.validation is not None:
             out["validation"] = self.validation
         out["files"] = dict(self.files)
@@ -158,7 +168,30 @@ class Manifest:
         return cls(config=config, dtype=dtype, precision=precision, opset=opset, graphs=entries,
                    tokenizer=tokenizer, task=task if isinstance(task, str) else None,
                    quantization=data.get("quantization"), fusions=data.get("fusions"),
-                   exporter=data.get("exporter") or {}, validation=data.get("validation"), files=files)
+                   exporter=data.get("exporter") or {}, validation=data.get("validation"), files=files,
+                   decoding=parse_decoding(data.get("decoding"), f"{where}: malformed manifest"))
+
+
+def parse_decoding(data: Any, where: str, error: type[Exception] = BadArtifact) -> dict[str, Any] | None:
+    """A decoding section (a manifest's, or a checkpoint info's): None, or a dict of DECODING_FIELDS with values of
+    their types; anything else is an `error` that names every problem on one line."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise error(f"{where} ('decoding' is {type(data).__name__}, expected an object of decoding options)")
+    problems = []
+    for key, found in data.items():
+        kind = DECODING_FIELDS.get(key)
+        types = (int, float) if kind is float else kind  # JSON writes 1.0 as 1
+        if kind is None:
+            problems.append(f"unknown option {key!r:.40}")
+        elif found is None and key == "max_new_tokens":  # null: 2 x source length + 16
+            continue
+        elif isinstance(found, bool) != (kind is bool) or not isinstance(found, types):
+            problems.append(f"{key} is {type(found).__name__} {found!r:.40}, expected {kind.__name__}")
+    if problems:
+        raise error(f"{where} (decoding: {'; '.join(problems)}; known options: {', '.join(DECODING_FIELDS)})")
+    return dict(data)
 
 
 def parse_tokenizer(data: Any, version: int, config: ModelConfig, where: str) -> TokenizerSpec | None:

@@ -50,6 +50,7 @@ from twostep.files import output_directory
 from twostep.model.checkpoint import load_checkpoint
 from twostep.runtime.backends.ort import KV_CACHES, OrtBackend
 from twostep.runtime.backends.torch_backend import TorchBackend
+from twostep.runtime.decoding.options import with_defaults
 
 # --dtype -> (graph I/O dtype, weight precision)
 DTYPES = {"fp32": ("float32", "fp32"), "fp16": ("float16", "fp16"), "int8": ("float32", "int8")}
@@ -186,6 +187,8 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
         raise BadInput(f"--opset {opset} is outside the supported range 17..23")
     started = time.perf_counter()
     ckpt = load_checkpoint(ckpt_dir)
+    decoding = ckpt.decoding  # the checkpoint's decoding defaults, checked before the long export
+    with_defaults(decoding, f"{ckpt_dir}: decoding")
     model = ckpt.model.eval()
     onnx_dtype, precision = DTYPES[dtype]
     chosen = chosen_variants(model.config, precision, variants)
@@ -218,7 +221,7 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             raise ParityFailure("exported graphs do not match their declaration:\n  " + "\n  ".join(problems))
         manifest = Manifest(
             config=model.config, dtype=onnx_dtype, precision=precision, opset=opset, graphs=entries,
-            tokenizer=tokenizer, task=ckpt.task,
+            tokenizer=tokenizer, task=ckpt.task, decoding=decoding,
             quantization=quantization, fusions=fusions if optimize else None,
             exporter={"versions": versions(), "trace_sizes": TRACE_SIZES,
                       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},

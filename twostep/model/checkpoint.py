@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from twostep.artifact.config import ModelConfig
+from twostep.artifact.manifest import parse_decoding
 from twostep.artifact.tokenizer import TokenizerSpec
 from twostep.errors import BadCheckpoint
 from twostep.files import OutputKind, output_directory, read_json
@@ -45,6 +46,11 @@ class Checkpoint:
     def tokenizer(self) -> TokenizerSpec | None:
         return tokenizer_spec(self.path, self.config, self.info.get("tokenizer"))
 
+    @property
+    def decoding(self) -> dict[str, Any] | None:
+        """How the model decodes when a caller does not say (DecodeOptions field names -> values), or None."""
+        return parse_decoding(self.info.get("decoding"), str(self.path / CONFIG_FILE), BadCheckpoint)
+
 
 def tokenizer_spec(path: Path, config: ModelConfig, section: Any) -> TokenizerSpec | None:
     """A checkpoint's tokenizer: config.json's section, or for a tokenizer.model the plain SentencePiece one."""
@@ -54,6 +60,11 @@ def tokenizer_spec(path: Path, config: ModelConfig, section: Any) -> TokenizerSp
     if (path / TOKENIZER_FILE).is_file():
         return TokenizerSpec.sentencepiece(TOKENIZER_FILE, c.pad_id, c.unk_id, c.bos_id, c.eos_id)
     return None
+
+
+def read_decoding(path: Path) -> dict[str, Any] | None:
+    """The decoding defaults of the checkpoint at `path` (Checkpoint.decoding), without loading its weights."""
+    return parse_decoding(read_config(path).get("decoding"), str(Path(path) / CONFIG_FILE), BadCheckpoint)
 
 
 def read_tokenizer(path: Path) -> TokenizerSpec | None:

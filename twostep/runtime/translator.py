@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from twostep.errors import BadInput
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, Specials, StepSession, decode, decode_steps
-from twostep.runtime.decoding.options import is_int
+from twostep.runtime.decoding.options import is_int, with_defaults
 from twostep.runtime.documents import DocumentPlan, split_documents
 from twostep.runtime.streaming import Event, Events, TextEvents
 from twostep.runtime.tokenizer import Tokenizer
@@ -33,11 +34,20 @@ class Limits:
 
 
 class Translator:
+    """`defaults`: the model's decoding defaults (its manifest's `decoding` section), under every call's options
+    (`options_with`); `options`: what a call without options decodes with (default: the defaults)."""
+
     def __init__(self, session: StepSession, limits: Limits, tokenizer: Tokenizer | None = None,
-                 batch_size: int = 32, options: DecodeOptions = DecodeOptions()):
+                 batch_size: int = 32, options: DecodeOptions | None = None,
+                 defaults: Mapping[str, Any] | None = None):
         self.session, self.limits, self.tokenizer = session, limits, tokenizer
-        self.batch_size, self.options = batch_size, options
+        self.defaults = dict(defaults or {})
+        self.batch_size, self.options = batch_size, self.options_with() if options is None else options
         self.lock = threading.Lock()  # threads may share a Translator: their calls run one after another
+
+    def options_with(self, **given: Any) -> DecodeOptions:
+        """The model's decoding defaults with the options a caller gave (None: not given): with_defaults."""
+        return with_defaults(self.defaults, **given)
 
     def check_ids(self, sources: Sequence[Sequence[int]]) -> None:
         s = self.limits
@@ -219,9 +229,13 @@ class Translator:
 
 
 def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Path | None = None,
-                    options: DecodeOptions = DecodeOptions(), batch_size: int = 32, **backend_options):
+                    options: DecodeOptions | Mapping[str, Any] | None = None, batch_size: int = 32,
+                    **backend_options):
     """A Translator over an artifact directory (any backend; ort-cpu by default) or over a checkpoint
-    directory (the torch backend). Returns (translator, backend) so the caller can close the backend."""
+    directory (the torch backend). `options`: what it decodes with by default: DecodeOptions as they are, or
+    the options given (a mapping, None values not given) over the model's decoding defaults (the manifest's
+    `decoding` section, a checkpoint info's), or (None) those defaults. Returns (translator, backend) so the
+    caller can close the backend."""
     from twostep.artifact import MANIFEST
     from twostep.runtime import backends
 
@@ -230,6 +244,10 @@ def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Pat
         from twostep.artifact import load_artifact
 
         artifact = load_artifact(model_dir)
+        defaults = artifact.manifest.decoding
+        where = f"{model_dir / MANIFEST}: decoding"
+        if not isinstance(options, DecodeOptions):
+            options = with_defaults(defaults, where, **(options or {}))
         name = backend or "ort-cpu"
         sized = backends.workload_options(name, artifact.config, rows=batch_size * options.beam_size)
         be = backends.create(name, artifact=artifact, checkpoint_dir=checkpoint, **sized, **backend_options)
@@ -238,9 +256,13 @@ def open_translator(model_dir: Path, backend: str | None = None, checkpoint: Pat
         if backend not in (None, "torch"):
             raise BadInput(f"{model_dir} is not an artifact directory (no {MANIFEST}); backend {backend!r} runs "
                            "exported graphs: run `twostep export` first, or use --backend torch on a checkpoint")
-        be = backends.create("torch", checkpoint_dir=model_dir, **backend_options)
-        from twostep.model.checkpoint import read_tokenizer
+        from twostep.model.checkpoint import read_decoding, read_tokenizer
 
+        defaults, where = read_decoding(model_dir), f"{model_dir}: decoding"
+        if not isinstance(options, DecodeOptions):
+            options = with_defaults(defaults, where, **(options or {}))
+        be = backends.create("torch", checkpoint_dir=model_dir, **backend_options)
         spec = read_tokenizer(model_dir)
         tokenizer = Tokenizer.load(model_dir, spec) if spec else None
-    return Translator(be.session(), Limits.of(be.config, be.target_positions), tokenizer, batch_size, options), be
+    limits = Limits.of(be.config, be.target_positions)
+    return Translator(be.session(), limits, tokenizer, batch_size, options, defaults), be

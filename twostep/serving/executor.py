@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from twostep.errors import BadInput, TooLarge
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, StepSession
@@ -37,11 +38,12 @@ class BatchingTranslator:
     new requests are refused."""
 
     def __init__(self, session: StepSession, model_limits: Limits, tokenizer: Tokenizer | None = None,
-                 options: DecodeOptions = DecodeOptions(), limits: BatchLimits = BatchLimits(),
-                 metrics: Metrics | None = None, express_session: StepSession | None = None):
+                 options: DecodeOptions | None = None, limits: BatchLimits = BatchLimits(),
+                 metrics: Metrics | None = None, express_session: StepSession | None = None,
+                 defaults: Mapping[str, Any] | None = None):
         self.engine = BatchingEngine(session, model_limits.specials, limits, metrics, express_session)
-        # never decodes (the engine does): text, checks and limits
-        self.translator = Translator(session, model_limits, tokenizer, options=options)
+        # never decodes (the engine does): text, checks, limits, and the model's decoding defaults
+        self.translator = Translator(session, model_limits, tokenizer, options=options, defaults=defaults)
         self.joiners: dict[int, bool] = {}  # which target tokens' text depends on the next (streams' TextDeltas)
 
     @property
@@ -55,6 +57,10 @@ class BatchingTranslator:
 
     def encode(self, texts: Sequence[str], src_lang: str | None = None, tgt_lang: str | None = None) -> list[list[int]]:
         return self.translator.encode(texts, src_lang, tgt_lang)
+
+    def options_with(self, **given: Any) -> DecodeOptions:
+        """The model's decoding defaults with a request's options (None: not given): Translator.options_with."""
+        return self.translator.options_with(**given)
 
     def submit_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                    tgt_lang: str | None = None, on_tokens: OnTokens | None = None,
@@ -281,7 +287,7 @@ def batching_advice(backend, limits: BatchLimits) -> str | None:
     return backend.inflight_advice() if limits.inflight else None
 
 
-def open_batching_translator(model_dir, backend: str | None = None, options: DecodeOptions = DecodeOptions(),
+def open_batching_translator(model_dir, backend: str | None = None, options: DecodeOptions | None = None,
                              limits: BatchLimits = BatchLimits(), metrics: Metrics | None = None,
                              **backend_options) -> tuple[BatchingTranslator, object]:
     """A started BatchingTranslator over an artifact (or checkpoint) directory, like
@@ -291,5 +297,6 @@ def open_batching_translator(model_dir, backend: str | None = None, options: Dec
 
     plain, be = open_translator(model_dir, backend, batch_size=limits.max_batch_rows, **backend_options)
     express = be.session() if limits.express else None
-    translator = BatchingTranslator(plain.session, plain.limits, plain.tokenizer, options, limits, metrics, express)
+    translator = BatchingTranslator(plain.session, plain.limits, plain.tokenizer, options or plain.options, limits,
+                                    metrics, express, plain.defaults)
     return translator.start(), be

@@ -202,3 +202,67 @@ def test_a_forced_token_scores_zero_on_the_search_outputs_as_on_the_logits():
     assert len(runs[0]) == 2
     assert [t for t, _ in runs[1]] == [t for t, _ in runs[0]]
     np.testing.assert_allclose([s for _, s in runs[1]], [s for _, s in runs[0]], rtol=0, atol=1e-6)
+
+
+def scripted_beam(script: dict, options, max_new_tokens: int, outputs: bool) -> tuple[list, int]:
+    """Beam search over a ScriptedSession on the source [9]: (tokens, score) of each hypothesis, and the steps."""
+    from twostep.runtime.decoding import decode
+
+    session = ScriptedSession(6, script, 1, search_width=4 if outputs else 0)
+    hyps = decode(session, [[9]], options, specials=SPECIALS, max_new_tokens=max_new_tokens, group=search.Beam)[0]
+    return [(h.tokens, h.score) for h in hyps], len(session.rows[0]) - 1  # the source, then a token a step
+
+
+@pytest.mark.parametrize("outputs", [False, True])
+def test_ctranslate2_rule(outputs):
+    """CTranslate2's BeamSearch, beam 2, on hand-made logits (token 2 has logit 0 where a row leaves it out).
+    Step 2's candidates, best first: [4, eos], [4, 5], [5, eos], [5, 4]. [4, eos] (rank 0) finishes; [5, eos]
+    (rank 2, past the beam) finishes nothing, and the next non-eos candidate past the beam, [5, 4], takes the
+    ended slot. One finished hypothesis < beam 2: on to step 3, the limit, where the two best candidates both
+    finish without an eos ([5, 4, 0] from the refilled slot). Scores: log-probability / length ** penalty, the
+    length counting the eos: [4] scores (log p(4) + log p(eos | 4)) / 2."""
+    from twostep.runtime.decoding import DecodeOptions
+
+    eos, low = SPECIALS.eos_id, -10.0
+    script = {(): {4: 2.0, 5: 1.0, eos: low, 1: low, 0: low},
+              (4,): {eos: 5.0, 5: 4.5, 4: low, 1: low, 0: low},
+              (5,): {eos: 4.0, 4: 3.0, 5: low, 1: low, 0: low},
+              (5, 4): {0: 6.0}}
+    step1 = 2.0 - np.log(np.exp([2.0, 1.0, 0.0]).sum() + 3 * np.exp(low))
+    step2 = 5.0 - np.log(np.exp([5.0, 4.5, 0.0]).sum() + 3 * np.exp(low))
+    rule = dict(beam_size=2, beam_stop="ctranslate2")
+    hyps, steps = scripted_beam(script, DecodeOptions(n_best=2, length_penalty=1.0, **rule), 3, outputs)
+    assert [t for t, _ in hyps] == [[4], [5, 4, 0]] and steps == 3, hyps
+    assert hyps[0][1] == pytest.approx((step1 + step2) / 2, abs=1e-6)
+    assert hyps[1][1] < hyps[0][1]
+    # the n_best rule finishes [5] at rank 2
+    assert [t for t, _ in scripted_beam(script, DecodeOptions(beam_size=2, n_best=2), 3, outputs)[0]] == [[4], [5]]
+    # length_penalty 0: done once the best candidate has ended and n_best (1) are finished: at step 2
+    hyps, steps = scripted_beam(script, DecodeOptions(length_penalty=0.0, **rule), 10, outputs)
+    assert hyps == [([4], pytest.approx(step1 + step2, abs=1e-6))] and steps == 2
+    hyps, steps = scripted_beam(script, DecodeOptions(length_penalty=1.0, **rule), 10, outputs)
+    assert steps > 2  # one finished hypothesis, not the beam's two: on it goes
+    # both of step 2's best candidates end: beam 2 finished hypotheses, done there, far from the limit
+    ending = {(): script[()], (4,): {eos: 8.0, 5: low, 4: low, 1: low, 0: low},
+              (5,): {eos: 8.0, 5: low, 4: low, 1: low, 0: low}}
+    hyps, steps = scripted_beam(ending, DecodeOptions(n_best=2, length_penalty=1.0, **rule), 10, outputs)
+    assert [t for t, _ in hyps] == [[4], [5]] and steps == 2
+
+
+def test_min_new_tokens_takes_eos_out_of_the_first_steps():
+    """eos is no candidate, and out of the softmax, until min_new_tokens are generated (CTranslate2's
+    min_decoding_length)."""
+    from twostep.runtime.decoding import DecodeOptions, decode
+
+    eos = SPECIALS.eos_id
+    script = {(): {eos: 9.0, 4: 1.0}, (4,): {eos: 9.0}}
+    options = dict(beam_size=2, length_penalty=0.0, beam_stop="ctranslate2")
+    assert scripted_beam(script, DecodeOptions(**options), 5, False)[0][0][0] == []
+    hyps, _ = scripted_beam(script, DecodeOptions(min_new_tokens=1, **options), 5, False)
+    first = 1.0 - np.log(np.exp(1.0) + 4)  # 5 tokens in the softmax: not eos
+    second = 9.0 - np.log(np.exp(9.0) + 5)
+    assert hyps[0] == ([4], pytest.approx(first + second, abs=1e-6))
+    for min_new, want in ((0, []), (1, [4])):
+        out = decode(ScriptedSession(6, script, 1), [[9]], DecodeOptions(min_new_tokens=min_new), specials=SPECIALS,
+                     max_new_tokens=5)
+        assert out[0][0].tokens == want

@@ -4,18 +4,19 @@ of the model it runs, and the hypotheses."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from twostep.errors import BadInput
+from twostep.errors import BadArtifact, BadInput
 
 if TYPE_CHECKING:
     from twostep.artifact.config import ModelConfig
 
 
-BEAM_STOPS = ("n_best", "transformers")
+BEAM_STOPS = ("n_best", "transformers", "ctranslate2")
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,18 @@ class DecodeOptions:
     top_p: float = 1.0
     seed: int | None = None
     max_new_tokens: int | None = None  # None: 2 * source length + 16; always capped by max_positions
+    # eos is out of the distribution (not a candidate, not in the softmax: CTranslate2's min_decoding_length)
+    # until a sentence has generated this many tokens
+    min_new_tokens: int = 0
     suppress_eos: bool = False
     # Beam search's stopping rule. "n_best": a sentence is done once it has n_best finished hypotheses and its
     # best live one cannot beat the worst of them. "transformers": as transformers' generate() (early_stopping
     # False): it keeps beam_size finished hypotheses, and only a candidate among a step's beam_size best may
-    # finish; slower, and what a model's transformers reference decodes.
+    # finish; slower, and what a model's transformers reference decodes. "ctranslate2": as CTranslate2's
+    # BeamSearch (patience 1): only a candidate among a step's beam_size best may finish, with its raw score, and a
+    # sentence is done once it has beam_size finished hypotheses (length_penalty 0: once its best candidate has
+    # ended and it has n_best), or at its limit, where the beam_size best candidates all finish; ids a step never
+    # picks are out of the softmax. What a CTranslate2 model (an Argos Translate package) decodes.
     beam_stop: str = "n_best"
 
     def __post_init__(self) -> None:
@@ -91,8 +99,25 @@ class DecodeOptions:
             problems.append(f"beam_stop must be one of {', '.join(BEAM_STOPS)}, got {self.beam_stop!r}")
         if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
             problems.append(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not is_int(self.min_new_tokens) or self.min_new_tokens < 0:
+            problems.append(f"min_new_tokens must be an integer >= 0, got {self.min_new_tokens!r}")
         if problems:
             raise BadInput("bad decoding options: " + "; ".join(problems))
+
+
+def with_defaults(defaults: Mapping[str, Any] | None = None, where: str = "the model's decoding defaults",
+                  **given: Any) -> DecodeOptions:
+    """The one place where a model's decoding defaults (an artifact manifest's `decoding` section, a checkpoint
+    info's) meet a caller's explicit options: DecodeOptions of the defaults, each overridden by a `given` value
+    that is not None (None: not given; so a given max_new_tokens or seed of None cannot undo a default). Defaults
+    that DecodeOptions refuses are the model's fault: a BadArtifact naming `where`; given values it refuses, with
+    the defaults or not, the caller's: BadInput."""
+    defaults = dict(defaults or {})
+    try:
+        DecodeOptions(**defaults)
+    except (BadInput, TypeError) as exc:
+        raise BadArtifact(f"{where}: {exc}") from None
+    return DecodeOptions(**{**defaults, **{k: v for k, v in given.items() if v is not None}})
 
 
 def is_int(value) -> bool:

@@ -91,8 +91,19 @@ class Group:
         return []
 
     def needs_logits(self, width: int) -> bool:
-        """Whether a step needs the full logits, where the search outputs hold a row's `width` best."""
-        return not 0 < self.candidates() + len(self.blocked) <= width
+        """Whether a step needs the full logits, where the search outputs hold a row's `width` best: eos leaves
+        the softmax of a sentence that has generated fewer than min_new_tokens (`early`)."""
+        return not 0 < self.candidates() + len(self.blocked) <= width or bool(self.early().any())
+
+    def early(self) -> np.ndarray:
+        """Which sentences have generated fewer than min_new_tokens tokens: eos is no candidate of theirs."""
+        return self.steps < self.options.min_new_tokens
+
+    def block_early_eos(self, logits: np.ndarray) -> None:
+        """eos out of the early sentences' rows of the group's logits (in place, before any softmax)."""
+        early = self.early()
+        if early.any():
+            logits[np.flatnonzero(np.repeat(early, self.k)), self.eos_id] = -np.inf
 
     def advance(self, step: dict[str, np.ndarray]) -> tuple[dict[int, list[Hypothesis]], np.ndarray,
                                                              np.ndarray | None]:
@@ -134,6 +145,7 @@ class Greedy(Group):
             logits = rows_of(step["logits"], self.at)
             if self.blocked:
                 logits[:, self.blocked] = -np.inf
+            self.block_early_eos(logits)
             next_ids = self.pick(logits)
         else:  # the first of each row's best that is not blocked: argmax's pick, ties to the lower id
             ids = rows_of(step["top_ids"], self.at)
@@ -197,13 +209,17 @@ class Beam(Group):
 
     With `beam_stop="transformers"` it keeps beam_size finished hypotheses instead of n_best (and returns the
     n_best best), and a candidate that ends in eos finishes only if it is among the step's beam_size best: the
-    rule of transformers' generate() (early_stopping=False), which can run longer and find a different best."""
+    rule of transformers' generate() (early_stopping=False), which can run longer and find a different best.
+
+    With `beam_stop="ctranslate2"` it is CTranslate2's BeamSearch (decoding.cc, patience 1): `advance_ctranslate2`."""
 
     def __init__(self, *args):
         super().__init__(*args)
         o = self.options
         self.k, self.n_best, self.length_penalty = o.beam_size, o.n_best, o.length_penalty
         self.hf_rule = o.beam_stop == "transformers"
+        self.ct2_rule = o.beam_stop == "ctranslate2"
+        self.top_ended = np.zeros(0, bool)  # ctranslate2: a step's best candidate has ended (sticky)
         self.pool = self.k if self.hf_rule else self.n_best  # finished hypotheses kept per sentence
         self.scores = np.zeros((0, self.k))  # each beam's log-probability; -inf: not alive
         self.history = np.zeros((0, 0), np.int64)  # each row's tokens, steps[j] of them
@@ -233,9 +249,10 @@ class Beam(Group):
         self.history = history
         self.finished += [[] for _ in range(m)]
         self.worst = np.concatenate([self.worst, np.full(m, -np.inf)])
+        self.top_ended = np.concatenate([self.top_ended, np.zeros(m, bool)])
 
     def kept(self, stay: np.ndarray) -> None:
-        self.scores, self.worst = self.scores[stay], self.worst[stay]
+        self.scores, self.worst, self.top_ended = self.scores[stay], self.worst[stay], self.top_ended[stay]
         self.history = self.history[np.repeat(stay, self.k)]
         self.finished = [f for f, keep in zip(self.finished, stay) if keep]
 
@@ -256,6 +273,10 @@ class Beam(Group):
     def candidates(self) -> int:
         return 2 * self.k
 
+    def needs_logits(self, width: int) -> bool:
+        """CTranslate2 takes the ids a step never picks out of the softmax: that needs their logits."""
+        return super().needs_logits(width) or (self.ct2_rule and bool(self.blocked))
+
     def advance(self, step: dict[str, np.ndarray]) -> tuple[dict[int, list[Hypothesis]], np.ndarray, np.ndarray]:
         n, k = len(self), self.k
         if "logits" in step:
@@ -267,6 +288,8 @@ class Beam(Group):
                 rows_of(step["top_logits"], self.at), rows_of(step["top_ids"], self.at),
                 rows_of(step["log_norm"], self.at), self.scores, 2 * k, vocab, self.blocked)
         beam, token = np.divmod(flat, vocab)
+        if self.ct2_rule:
+            return self.advance_ctranslate2(total, beam, token)
         # Walk each sentence's candidates best first: an eos finishes a hypothesis, any other token continues
         # one, until k continue; the walk stops at the first -inf.
         valid = total > -np.inf
@@ -305,13 +328,72 @@ class Beam(Group):
             done[int(j)] = self.best(j)
         return done, next_tokens.reshape(-1), rows
 
+    def advance_ctranslate2(self, total: np.ndarray, beam: np.ndarray,
+                            token: np.ndarray) -> tuple[dict[int, list[Hypothesis]], np.ndarray, np.ndarray]:
+        """CTranslate2's step, given each sentence's 2k best candidates (total, beam, token), best first. Only the
+        first k can end: an eos among them finishes its hypothesis, and its slot takes the next candidate past k
+        that is not an eos (an eos there finishes nothing); slot s keeps candidate s otherwise. At a sentence's
+        limit (its last step) the first k all finish, those that go on with their new token, and the sentence is
+        done. Otherwise it is done once it has k finished hypotheses, or, with length_penalty 0, once its best
+        candidate has ended at some step and it has n_best. A finished hypothesis scores its log-probability /
+        length ** length_penalty, its length counting its eos (CTranslate2 scores hypotheses with their eos and
+        drops it afterwards): the step's, for any hypothesis finished at it. Its eos is left out."""
+        n, k = len(self), self.k
+        valid = total > -np.inf
+        is_eos = valid & (token == self.eos_id)
+        ending = is_eos[:, :k]
+        # the r-th eos among the first k takes the r-th candidate past k that is not an eos
+        later = valid[:, k:] & ~is_eos[:, k:]
+        refill = np.full((n, k), -1, np.int64)  # -1: a sentence has fewer (its slot dies)
+        j, c = np.nonzero(later)
+        refill[j, np.cumsum(later, axis=1)[j, c] - 1] = k + c
+        pick = np.tile(np.arange(k), (n, 1))
+        j, s = np.nonzero(ending)
+        pick[j, s] = refill[j, np.cumsum(ending, axis=1)[j, s] - 1]
+        alive = pick >= 0
+        pick = np.where(alive, pick, 0)
+        rows = np.arange(n)[:, None]
+        alive &= valid[rows, pick]
+        next_scores = np.where(alive, total[rows, pick], -np.inf)
+        next_tokens = np.where(alive, token[rows, pick], self.pad_id)
+        origins = np.where(alive, beam[rows, pick], np.arange(k))
+        self.top_ended |= is_eos[:, 0]
+        length = self.steps + 1
+        last = length >= self.limits
+        for j, c in zip(*np.nonzero(ending | (last[:, None] & valid[:, :k]))):
+            tokens = self.history[j * k + beam[j, c], : self.steps[j]].tolist()
+            if not is_eos[j, c]:
+                tokens.append(int(token[j, c]))
+            self.finished[j].append(Hypothesis(tokens, self.norm(float(total[j, c]), int(length[j]))))
+        count = np.array([len(f) for f in self.finished])
+        if self.length_penalty == 0:
+            ends = last | (self.top_ended & (count >= self.n_best))
+        else:
+            ends = last | (count >= k)
+        ends |= ~alive.any(axis=1)
+        rows = (rows * k + origins).reshape(-1)
+        self.history = self.history[rows]
+        self.history[np.arange(n * k), np.repeat(self.steps, k)] = next_tokens.reshape(-1)
+        self.scores, self.steps = next_scores, length
+        done = {int(j): self.ctranslate2_best(j) for j in np.flatnonzero(ends)}
+        return done, next_tokens.reshape(-1), rows
+
+    def ctranslate2_best(self, j: int) -> list[Hypothesis]:
+        """A sentence's finished hypotheses, best first (all of them are kept until it is done), n_best of them."""
+        self.finished[j].sort(key=lambda h: -h.score)
+        return self.without_forced(j, self.finished[j][: self.n_best])
+
     def from_logits(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.scratch is None or self.scratch.shape[0] < logits.shape[0]:  # the group grew
             self.scratch = np.empty(logits.shape, dtype=np.float64)
             if self.helper is None and logits.size >= PARALLEL_ELEMENTS:
                 self.helper = ThreadPoolExecutor(1, thread_name_prefix="twostep-beam")
-        return beam_candidates(logits, self.scores, 2 * self.k, self.blocked, self.scratch[: logits.shape[0]],
-                               self.helper)
+        skip = self.blocked
+        if self.ct2_rule and skip:  # out of the softmax, as CTranslate2's DisableTokens
+            logits[:, skip] = -np.inf
+            skip = None
+        self.block_early_eos(logits)
+        return beam_candidates(logits, self.scores, 2 * self.k, skip, self.scratch[: logits.shape[0]], self.helper)
 
 
 def strategy(options: DecodeOptions) -> type[Group]:

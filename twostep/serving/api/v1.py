@@ -41,29 +41,36 @@ class TranslateRequest(BaseModel):
                          "decode: delta (greedy, sampling), sentence, text, then end (or error).")
     split: bool = Field(True, description="Split each text into sentences, translate them as rows of the batch and "
                         "join them with the text's own whitespace and line breaks; false: each text is one sentence.")
-    beam: int = Field(1, description="Beam size; 1 is greedy.")
-    n_best: int = 1
-    length_penalty: float = 1.0
+    # Decoding options: each one left out (or null) is the model's default (its manifest's decoding section),
+    # else twostep's (shown)
+    beam: Optional[int] = Field(None, description="Beam size; 1 (greedy) unless the model says otherwise.")
+    n_best: Optional[int] = Field(None, description="Hypotheses per text (1).")
+    length_penalty: Optional[float] = Field(None, description="Beam scores: log-probability / length ** this (1.0).")
     max_new_tokens: Optional[int] = Field(None, description="Default: 2 x source length + 16.")
-    sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    min_new_tokens: Optional[int] = Field(None, description="No eos before this many tokens (0).")
+    sampling: Optional[bool] = Field(None, description="Sample instead of searching (false).")
+    temperature: Optional[float] = Field(None, description="Sampling temperature (1.0).")
+    top_k: Optional[int] = Field(None, description="Sample from the k most likely tokens (0: all).")
+    top_p: Optional[float] = Field(None, description="Sample from the smallest set of tokens of this mass (1.0).")
     seed: Optional[int] = None
-    suppress_eos: bool = Field(False, description="Never end at eos: max_new_tokens tokens each (benchmarks).")
-    beam_stop: str = Field("n_best", description="Beam search's stopping rule: n_best, or transformers (as its "
-                           "generate() stops: keeps beam finished hypotheses).")
+    suppress_eos: Optional[bool] = Field(None, description="Never end at eos: max_new_tokens tokens each "
+                                         "(benchmarks).")
+    beam_stop: Optional[str] = Field(None, description="Beam search's stopping rule: n_best (twostep's), "
+                                     "transformers (as its generate() stops: keeps beam finished hypotheses), or "
+                                     "ctranslate2 (as CTranslate2's beam search, Argos Translate's engine).")
     src_lang: Optional[str] = Field(None, description="Source language: the model's code (M2M100: en; NLLB: "
                                     "eng_Latn; mBART-50: en_XX) or a standard one (en, eng, en-US).")
     tgt_lang: Optional[str] = Field(None, description="Target language: the model's code (M2M100: fr; NLLB: "
                                     "fra_Latn; mBART-50: fr_XX; Marian: fra for >>fra<<) or a standard one (fr, "
                                     "fra, fr-FR).")
 
-    def options(self) -> DecodeOptions:
-        return DecodeOptions(beam_size=self.beam, n_best=self.n_best, length_penalty=self.length_penalty,
-                             max_new_tokens=self.max_new_tokens, sampling=self.sampling, temperature=self.temperature,
-                             top_k=self.top_k, top_p=self.top_p, seed=self.seed, suppress_eos=self.suppress_eos,
-                             beam_stop=self.beam_stop)
+    def options(self, translator) -> DecodeOptions:
+        """The request's options over the model's defaults (translator: a BatchingTranslator)."""
+        return translator.options_with(
+            beam_size=self.beam, n_best=self.n_best, length_penalty=self.length_penalty,
+            max_new_tokens=self.max_new_tokens, min_new_tokens=self.min_new_tokens, sampling=self.sampling,
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
+            suppress_eos=self.suppress_eos, beam_stop=self.beam_stop)
 
 
 class Sentence(BaseModel):
@@ -161,7 +168,7 @@ def router(service: Service) -> APIRouter:
             return error(400, "bad request: give either text or ids")
         try:
             translator = service.running()
-            options = body.options()
+            options = body.options(translator)
             if body.text is not None:
                 sources, plan = service.encode(body.text, body.src_lang, body.tgt_lang, body.split)
             else:

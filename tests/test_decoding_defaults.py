@@ -1,0 +1,116 @@
+"""Decoding defaults recorded in the artifact: a checkpoint info's `decoding` section goes into the manifest at
+export, and every consumer (Translator, `twostep translate`, `twostep serve`'s /v1/translate and LibreTranslate's
+/translate) decodes with it where the caller sets nothing; what the caller sets wins. An Argos Translate package
+imported decodes this way with CTranslate2's options."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import fields
+
+import httpx
+import pytest
+
+from cli_helpers import assert_user_error, twostep
+from serving_helpers import post, server
+from twostep.artifact import load_artifact
+from twostep.artifact.manifest import DECODING_FIELDS
+from twostep.errors import BadArtifact, BadInput
+from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.decoding.options import with_defaults
+from twostep.runtime.translator import open_translator
+
+ARGOS = {"beam_size": 4, "length_penalty": 0.2, "beam_stop": "ctranslate2", "max_new_tokens": 64,
+         "min_new_tokens": 1}
+EXPLICIT = ["--beam", "4", "--length-penalty", "0.2", "--beam-stop", "ctranslate2", "--max-new-tokens", "64",
+            "--min-new-tokens", "1"]
+SENTENCES = ["Hello world.", "Where is the station?", "The cat sat on the mat."]
+
+
+def with_decoding(src, dst, decoding) -> object:
+    """A copy of the checkpoint `src` whose info carries `decoding`."""
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "decoding": decoding}))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def argos(tmp_path_factory, demo_model_dir):
+    """(artifact, the texts of beam 1, those of ARGOS): the demo model exported with ARGOS as its defaults."""
+    from twostep.exporter.export import export
+
+    root = tmp_path_factory.mktemp("defaults")
+    art = export(with_decoding(demo_model_dir, root / "ckpt", ARGOS), root / "art", variants=[]).path
+    translator, backend = open_translator(art, options=DecodeOptions())
+    with backend:
+        greedy = translator.translate(SENTENCES)
+        explicit = translator.translate(SENTENCES, DecodeOptions(**ARGOS))
+    assert greedy != explicit, "the defaults should decode some sentence differently from greedy search"
+    return art, greedy, explicit
+
+
+def test_the_manifest_records_them_and_the_translator_decodes_with_them(argos):
+    art, greedy, explicit = argos
+    assert load_artifact(art).manifest.decoding == ARGOS
+    translator, backend = open_translator(art)
+    with backend:
+        assert translator.options == DecodeOptions(**ARGOS)
+        assert translator.translate(SENTENCES) == explicit
+        assert translator.options_with(beam_size=1, beam_stop=None) == DecodeOptions(**{**ARGOS, "beam_size": 1})
+    translator, backend = open_translator(art, options={"beam_size": 1})
+    with backend:
+        assert translator.translate(SENTENCES) == greedy
+
+
+def test_cli_translates_with_them_unless_a_flag_says_otherwise(argos):
+    art, greedy, explicit = argos
+    default = twostep("translate", art, *SENTENCES)
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.splitlines() == explicit
+    flags = twostep("translate", art, *SENTENCES, *EXPLICIT)
+    assert flags.stdout.splitlines() == explicit
+    overridden = twostep("translate", art, *SENTENCES, "--beam", "1")
+    assert overridden.stdout.splitlines() == greedy
+
+
+def test_server_translates_with_them_unless_a_field_says_otherwise(argos):
+    art, greedy, explicit = argos
+    with server(art) as (url, _):
+        texts = lambda r: [h[0]["text"] for h in r.json()["translations"]]  # noqa: E731
+        assert texts(post(url, {"text": SENTENCES})) == explicit
+        assert texts(post(url, {"text": SENTENCES, "beam": 1})) == greedy
+        assert texts(post(url, {"text": SENTENCES, "beam": None})) == explicit  # null: not set
+        lt = [httpx.post(f"{url}/translate", json={"q": s, "source": "en", "target": "de"}, timeout=60).json()
+              for s in SENTENCES]
+        assert [r["translatedText"] for r in lt] == explicit
+
+
+def test_a_bad_decoding_section_is_one_line(argos, tmp_path):
+    art, _, _ = argos
+    bad = tmp_path / "bad"
+    shutil.copytree(art, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    for decoding, fragment in [({"beam": 4}, "unknown option 'beam'"), ({"beam_size": "4"}, "beam_size is str"),
+                               ([4], "'decoding' is list"), ({"beam_stop": "fairseq"}, "beam_stop must be one of")]:
+        (bad / "manifest.json").write_text(json.dumps({**manifest, "decoding": decoding}))
+        result = twostep("translate", bad, "Hello world.")
+        assert_user_error(result, fragment)
+        assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+
+
+def test_a_bad_checkpoint_section_stops_the_export_at_once(demo_model_dir, tmp_path):
+    ckpt = with_decoding(demo_model_dir, tmp_path / "ckpt", {"beam_size": 0})
+    assert_user_error(twostep("export", ckpt, "--out", tmp_path / "art"), "beam size must be an integer >= 1")
+    assert not (tmp_path / "art").exists()
+
+
+def test_merge_rules():
+    assert with_defaults(None) == DecodeOptions()
+    assert with_defaults(ARGOS, beam_size=None, n_best=2) == DecodeOptions(**{**ARGOS, "n_best": 2})
+    with pytest.raises(BadArtifact, match="here: bad decoding options: beam size"):
+        with_defaults({"beam_size": 0}, "here")
+    with pytest.raises(BadInput, match="beam size"):
+        with_defaults(ARGOS, beam_size=0)
+    assert set(DECODING_FIELDS) <= {f.name for f in fields(DecodeOptions)}  # the manifest's names are the options'
