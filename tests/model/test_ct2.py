@@ -104,6 +104,20 @@ def test_greedy_equals_ctranslate2(imported, name):
     assert len({tuple(e) for e in expected}) >= 4  # the outputs vary with the input
 
 
+@pytest.mark.parametrize("name", ["float32", "int8", "marian"])
+def test_argostranslates_beam_search_equals_ctranslate2(imported, name):
+    """Beam 4, length_penalty 0.2, EOS blocked at the first step (CTranslate2's min_decoding_length 1): the
+    settings argostranslate decodes with, under CTranslate2's beam rule; tokens to the last, scores alike."""
+    from twostep.runtime.decoding import DecodeOptions
+
+    model = imported[name]
+    expected, scores = reference(model, beam_size=4, length_penalty=0.2)
+    got = ours(model, DecodeOptions(beam_size=4, length_penalty=0.2, beam_stop="ctranslate2", max_new_tokens=MAX_LEN,
+                                    min_new_tokens=1))
+    assert [[model.vocab[i] for i in h[0].tokens] for h in got] == expected
+    assert np.allclose([h[0].score for h in got], scores, atol=SCORE_ATOL)
+
+
 def test_the_import_reads_what_each_converter_wrote(imported):
     from twostep.artifact import load_artifact
 
@@ -143,7 +157,7 @@ def test_an_argos_package_imports_with_its_languages(ct2_models, tmp_path):
         assert set(tokenizer["languages"]["source"]) == {"en"} and set(tokenizer["languages"]["target"]) == {"fr"}
         assert tokenizer["detokenize"] == "argos"
         assert ckpt.info["decoding"] == {"beam_size": 4, "length_penalty": 0.2, "beam_stop": "ctranslate2",
-                                         "max_new_tokens": 256}
+                                         "max_new_tokens": 256, "min_new_tokens": 1}
     assert sorted(p.name for p in ct2_models.argos.parent.iterdir()) == before
     a, b = load_checkpoint(tmp_path / "zip"), load_checkpoint(tmp_path / "folder")
     assert all(np.array_equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
