@@ -118,6 +118,9 @@ def translate(
                                                  help=f"Default: 2 x source length + 16. {DEFAULTS}"),
     min_new_tokens: Optional[int] = typer.Option(None, min=0, show_default=False,
                                                  help=f"No eos before this many tokens. {DEFAULTS}"),
+    replace_unknowns: Optional[bool] = typer.Option(
+        None, "--replace-unknowns/--keep-unknowns", show_default=False,
+        help=f"Replace each <unk> by the source piece it attends to most (CTranslate2's). {DEFAULTS}"),
     threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads (default: the library's)."),
     device: str = typer.Option("cpu", help="torch backend only: cpu or cuda."),
     ids: bool = typer.Option(False, "--ids", help="Input and output are token ids separated by spaces."),
@@ -150,7 +153,8 @@ def translate(
         raise TwostepError("no input: give texts as arguments or on stdin")
     options = dict(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
-                   min_new_tokens=min_new_tokens, beam_stop=beam_stop)  # None: the model's default
+                   min_new_tokens=min_new_tokens, beam_stop=beam_stop,
+                   replace_unknowns=replace_unknowns)  # None: the model's default
     extra = {"threads": threads} if threads else {}
     if device != "cpu":
         extra["device"] = device

@@ -118,6 +118,51 @@ def test_argostranslates_beam_search_equals_ctranslate2(imported, name):
     assert np.allclose([h[0].score for h in got], scores, atol=SCORE_ATOL)
 
 
+def pieces_of(model: Imported, hypothesis) -> list[str]:
+    """A hypothesis as CTranslate2 gives it: its target pieces, each <unk> replaced where replace_unknowns did."""
+    replaced = dict(hypothesis.replacements)
+    return [replaced.get(k, model.vocab[i]) for k, i in enumerate(hypothesis.tokens)]
+
+
+@pytest.mark.parametrize("name", ["float32", "int8"])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_replace_unknowns_equals_ctranslate2(imported, name, beam):
+    """Each <unk> replaced by the source piece the alignment head weighs most (the model is trained to say <unk>
+    for "chien": the sentences with "dog" exercise it), greedy and with argostranslate's beam search."""
+    from twostep.runtime.decoding import DecodeOptions
+
+    model = imported[name]
+    kwargs = dict(beam_size=beam, length_penalty=0.2) if beam > 1 else dict(beam_size=1)
+    expected, _ = reference(model, replace_unknowns=True, **kwargs)
+    plain, _ = reference(model, **kwargs)
+    assert expected != plain  # some <unk> was replaced
+    got = ours(model, DecodeOptions(max_new_tokens=MAX_LEN, min_new_tokens=1, replace_unknowns=True,
+                                    beam_stop="ctranslate2", **kwargs))
+    assert [pieces_of(model, h[0]) for h in got] == expected
+
+
+def test_argos_package_translates_as_argostranslate_with_no_flags(ct2_models, tmp_path):
+    """`twostep translate ART` on an imported Argos package, no decoding flags: argostranslate's text (its beam
+    search, replace_unknowns, detokenization) for every sentence, and scores alike."""
+    import ct2_models as build
+
+    from twostep.runtime.translator import open_translator
+
+    art = import_and_export(ct2_models.argos, tmp_path)
+    expected = build.argos_reference(ct2_models.argos_dir, SENTENCES)
+    translator, backend = open_translator(art)
+    with backend:
+        got = translator.translate_nbest(SENTENCES, split=False)
+    assert [text for text, _ in expected] == [hyps[0][0] for hyps in got]
+    assert np.allclose([score for _, score in expected], [hyps[0][1] for hyps in got], atol=SCORE_ATOL)
+    unreplaced, _ = build.ct2_reference(ct2_models.argos_dir / "model", ct2_models.spm, SENTENCES, beam_size=4,
+                                        length_penalty=0.2)
+    assert any("<unk>" in pieces for pieces in unreplaced)  # a replaced <unk> is among the texts compared
+    cli = twostep("translate", art, "--no-split", *SENTENCES[:3])
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.splitlines() == [text for text, _ in expected[:3]]
+
+
 def test_the_import_reads_what_each_converter_wrote(imported):
     from twostep.artifact import load_artifact
 
@@ -157,7 +202,7 @@ def test_an_argos_package_imports_with_its_languages(ct2_models, tmp_path):
         assert set(tokenizer["languages"]["source"]) == {"en"} and set(tokenizer["languages"]["target"]) == {"fr"}
         assert tokenizer["detokenize"] == "argos"
         assert ckpt.info["decoding"] == {"beam_size": 4, "length_penalty": 0.2, "beam_stop": "ctranslate2",
-                                         "max_new_tokens": 256, "min_new_tokens": 1}
+                                         "max_new_tokens": 256, "min_new_tokens": 1, "replace_unknowns": True}
     assert sorted(p.name for p in ct2_models.argos.parent.iterdir()) == before
     a, b = load_checkpoint(tmp_path / "zip"), load_checkpoint(tmp_path / "folder")
     assert all(np.array_equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))

@@ -59,6 +59,10 @@ class ModelConfig:
     decoder_start_id: int | None = None  # the decoder's first input; None: bos_id (Marian: pad; M2M100: eos)
     never_generate: tuple[int, ...] = ()  # target ids decoding never picks (Marian's pad)
     zero_start_embedding: bool = False  # the decoder's first position embeds no token (CTranslate2's Marian)
+    # > 0: the decoder also gives "alignment", the cross-attention of decoder layer `alignment_layer` (negative:
+    # from the last) averaged over its first `alignment_heads` heads, which replace_unknowns reads (CTranslate2's)
+    alignment_heads: int = 0
+    alignment_layer: int = -1
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
@@ -96,6 +100,10 @@ class ModelConfig:
                 out.append(f"{name} {getattr(self, name)} is outside the target vocab")
         if any(not 0 <= i < self.tgt_vocab_size for i in self.never_generate):
             out.append(f"never_generate {list(self.never_generate)[:5]} has ids outside the target vocab")
+        if not 0 <= self.alignment_heads <= self.n_heads:
+            out.append(f"alignment_heads must be between 0 and n_heads {self.n_heads}, got {self.alignment_heads}")
+        if not -self.n_decoder_layers <= self.alignment_layer < self.n_decoder_layers:
+            out.append(f"alignment_layer {self.alignment_layer} is not a decoder layer")
         if self.eos_id in self.never_generate:
             out.append("never_generate holds the eos id: decoding could never end")
         return out

@@ -47,7 +47,8 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 # The decoding defaults an artifact may record: DecodeOptions (twostep.runtime.decoding) field -> JSON type. The
 # values' ranges are DecodeOptions' to check, when a translator opens the artifact.
 DECODING_FIELDS = {"beam_size": int, "n_best": int, "length_penalty": float, "beam_stop": str, "max_new_tokens": int,
-                   "min_new_tokens": int, "sampling": bool, "temperature": float, "top_k": int, "top_p": float}
+                   "min_new_tokens": int, "sampling": bool, "temperature": float, "top_k": int, "top_p": float,
+                   "replace_unknowns": bool}
 
 
 @dataclass(frozen=True)

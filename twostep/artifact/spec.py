@@ -11,7 +11,8 @@ decoder  input_ids [batch, new_len], encoder_attention_mask [batch, src_len], pa
          past_key_cross_{i}, past_value_cross_{i} [batch, heads, src_len, head_dim]
          -> logits [batch, new_len, vocab], present_key_self_{i}, present_value_self_{i}
             [batch, heads, past_len + new_len, head_dim],
-            log_norm [batch], top_logits [batch, C], top_ids [batch, C] int64
+            log_norm [batch], top_logits [batch, C], top_ids [batch, C] int64,
+            alignment [batch, new_len, src_len] (only a model with config.alignment_heads)
 
 The last three are the search outputs (schema 3 artifacts of an older twostep lack them): what a search needs
 of the last position's logits, so that the full logits need not leave the graph. top_logits and top_ids are the
@@ -86,6 +87,11 @@ class GraphSpec:
         return [t.name for t in self.outputs]
 
     @property
+    def step_output_names(self) -> list[str]:
+        """What a decoding step fetches: every output but the alignment (which replace_unknowns asks for)."""
+        return [name for name in self.output_names if name != ALIGNMENT]
+
+    @property
     def searches(self) -> bool:
         """The decoder gives the search outputs (log_norm, top_logits, top_ids) beside the logits."""
         return "top_ids" in self.output_names
@@ -143,10 +149,18 @@ def step_decoder_spec(config: ModelConfig, dtype: str, name: str, past: Dim, pre
             TensorSpec("logits", dtype, ("batch", "new_len", config.tgt_vocab_size)),
             *kv_specs("present_{kind}_self", n, h, dk, dv, present, dtype),
             *search_specs(config, dtype),
+            *alignment_specs(config, dtype),
         ),
     )
 
 
+def alignment_specs(config: ModelConfig, dtype: str = "float32") -> tuple[TensorSpec, ...]:
+    """A model with alignment heads (config.alignment_heads): each new token's attention over the source, of the
+    alignment layer's first alignment_heads heads averaged; decoding never fetches it, replace_unknowns does."""
+    return (TensorSpec(ALIGNMENT, dtype, ("batch", "new_len", "src_len")),) if config.alignment_heads else ()
+
+
+ALIGNMENT = "alignment"
 SEARCH_WIDTH = 32  # candidates per row in the search outputs: beam search takes 2 x beam, plus the ids it blocks
 SEARCH_OUTPUTS = ("log_norm", "top_logits", "top_ids")
 

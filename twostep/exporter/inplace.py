@@ -41,7 +41,7 @@ from torch.export import Dim
 
 from twostep.artifact.spec import STANDARD_OPSET, inplace_spec, search_width, standard_inplace_spec
 from twostep.exporter.graphs import TRACE_SIZES, example_inputs, trace
-from twostep.model.graphs import flatten, pairs, search_outputs
+from twostep.model.graphs import decoder_outputs
 from twostep.model.transformer import KV, Transformer
 
 
@@ -151,9 +151,8 @@ class InplaceDecoderGraph(nn.Module):
             out, key, value = torch.ops.twostep.cache_attention(q, k, v, past[0], past[1], past_lengths, mask, scale)
             return attn.out_proj(out.transpose(1, 2).reshape(b, t, -1)), (key, value)
 
-        logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
-                                                 pairs(past_cross), past_lengths, attend)
-        return logits, flatten(present), *search_outputs(logits, search_width(self.model.config))
+        return decoder_outputs(self.model, search_width(self.model.config), input_ids, encoder_attention_mask,
+                               past_lengths, past_self, past_cross, attend)
 
 
 def export_inplace(model: Transformer, path: Path, opset: int, standard: bool = False) -> None:

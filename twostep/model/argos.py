@@ -24,7 +24,8 @@ from twostep.model.hf.common import Imported
 
 # argostranslate's translate_batch settings (translate.py, apply_packaged_translation; settings.py's beam size)
 DECODING = {"beam_size": 4, "length_penalty": 0.2, "beam_stop": "ctranslate2", "max_new_tokens": 256,
-            "min_new_tokens": 1}  # translate_batch's min_decoding_length default
+            "min_new_tokens": 1,  # translate_batch's min_decoding_length default
+            "replace_unknowns": True}
 
 
 def is_package(src: Path) -> bool:

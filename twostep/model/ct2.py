@@ -423,11 +423,18 @@ def ct2_config(ct2: CT2Model, max_positions: int) -> tuple[ModelConfig, dict[str
     if not math.isclose(queries_scale, 1 / math.sqrt(head_dim), rel_tol=1e-6):
         raise BadCheckpoint(f"{ct2.path}: queries_scale {queries_scale} (not 1/sqrt(head_dim)), which twostep's model "
                             "does not run")
+    n_decoder_layers = count_layers(ct2, "decoder")
+    alignment_layer = int(ct2.attribute("decoder/alignment_layer", -1))
+    alignment_heads = int(ct2.attribute("decoder/alignment_heads", 1)) or heads  # 0: every head
+    if not -n_decoder_layers <= alignment_layer < n_decoder_layers or not 0 < alignment_heads <= heads:
+        raise BadCheckpoint(f"{ct2.path}: alignment_layer {alignment_layer} / alignment_heads {alignment_heads} do "
+                            f"not fit its {n_decoder_layers} decoder layers of {heads} heads")
     eps = ct2.config.get("layer_norm_epsilon")
     ids = special_ids(ct2)
     cfg = ModelConfig(
         src_vocab_size=src_rows, tgt_vocab_size=tgt_rows, d_model=d_model, n_heads=heads, d_ff=d_ff,
-        n_encoder_layers=count_layers(ct2, "encoder"), n_decoder_layers=count_layers(ct2, "decoder"),
+        n_encoder_layers=count_layers(ct2, "encoder"), n_decoder_layers=n_decoder_layers,
+        alignment_heads=alignment_heads, alignment_layer=alignment_layer,
         max_positions=max_positions, dropout=0.0, norm_placement="pre" if pre_norm else "post",
         norm_eps=1e-5 if eps is None else float(eps), attn_bias=True, generator_bias=True,
         d_k=head_dim if head_dim * heads != d_model else None, d_v=head_dim if head_dim * heads != d_model else None,

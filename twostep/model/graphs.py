@@ -47,6 +47,15 @@ class DecoderGraph(nn.Module):
 
     def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, past_lengths: Tensor,
                 past_self: list[Tensor], past_cross: list[Tensor]) -> tuple:
-        logits, present = self.model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
-                                                 pairs(past_cross), past_lengths)
-        return logits, flatten(present), *search_outputs(logits, self.width)
+        return decoder_outputs(self.model, self.width, input_ids, encoder_attention_mask, past_lengths, past_self,
+                               past_cross)
+
+
+def decoder_outputs(model: Transformer, width: int, input_ids: Tensor, encoder_attention_mask: Tensor,
+                    past_lengths: Tensor, past_self: list[Tensor], past_cross: list[Tensor], attend=None) -> tuple:
+    """A step decoder's outputs in the spec's order: logits, the present self-attention cache, the search outputs
+    and, for a model with alignment heads, the alignment (B, T, S)."""
+    aligned = model.config.alignment_heads > 0
+    logits, present, *alignment = model.decode_step(input_ids, encoder_attention_mask, pairs(past_self),
+                                                    pairs(past_cross), past_lengths, attend, alignment=aligned)
+    return logits, flatten(present), *search_outputs(logits, width), *alignment

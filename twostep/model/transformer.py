@@ -125,14 +125,18 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """x (B, Tq, D); k (B, H, Tk, Dk); v (B, H, Tk, Dv); mask broadcastable to (B, H, Tq, Tk), True = attend."""
+        return self.attend(x, k, v, mask)[0]
+
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """forward's output and the attention weights (B, H, Tq, Tk)."""
         b, t, _ = x.shape
         q = self.split_heads(self.q_proj(x), self.d_k)  # (B, H, Tq, Dk)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, Tq, Tk)
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = self.dropout(F.softmax(scores, dim=-1))
-        out = torch.matmul(weights, v)  # (B, H, Tq, Dv)
+        weights = F.softmax(scores, dim=-1)
+        out = torch.matmul(self.dropout(weights), v)  # (B, H, Tq, Dv)
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_v)  # (B, Tq, H*Dv)
-        return self.out_proj(out)
+        return self.out_proj(out), weights
 
 
 class FeedForward(nn.Module):
@@ -185,8 +189,9 @@ class DecoderLayer(Sublayers):
         self.ffn, self.ffn_norm = FeedForward(config), make_norm(config)
 
     def forward(self, x: Tensor, self_mask: Tensor, past: KV, cross: KV, cross_mask: Tensor,
-                attend: SelfAttention | None = None) -> tuple[Tensor, KV]:
-        """`attend` replaces the cached self-attention (an export variant: twostep.exporter.inplace)."""
+                attend: SelfAttention | None = None, aligned_heads: int = 0) -> tuple[Tensor, KV, Tensor | None]:
+        """`attend` replaces the cached self-attention (an export variant: twostep.exporter.inplace).
+        `aligned_heads` > 0: also the cross-attention weights averaged over the first that many heads (B, T, S)."""
         h = self.sublayer_input(x, self.self_attn_norm)
         if attend is None:
             k_new, v_new = self.self_attn.project_kv(h)
@@ -197,9 +202,11 @@ class DecoderLayer(Sublayers):
             attended, (k, v) = attend(self.self_attn, h, past)
         x = self.add(x, attended, self.self_attn_norm)
         h = self.sublayer_input(x, self.cross_attn_norm)
-        x = self.add(x, self.cross_attn(h, cross[0], cross[1], cross_mask), self.cross_attn_norm)
+        attended, weights = self.cross_attn.attend(h, cross[0], cross[1], cross_mask)
+        x = self.add(x, attended, self.cross_attn_norm)
         h = self.sublayer_input(x, self.ffn_norm)
-        return self.add(x, self.ffn(h), self.ffn_norm), (k, v)
+        alignment = weights[:, :aligned_heads].mean(1) if aligned_heads else None  # (B, T, S)
+        return self.add(x, self.ffn(h), self.ffn_norm), (k, v), alignment
 
 
 class Stack(nn.Module):
@@ -266,12 +273,14 @@ class Transformer(nn.Module):
 
     def decode_step(
         self, input_ids: Tensor, encoder_attention_mask: Tensor, past: list[KV], cross: list[KV],
-        past_lengths: Tensor | None = None, attend: SelfAttention | None = None,
-    ) -> tuple[Tensor, list[KV]]:
+        past_lengths: Tensor | None = None, attend: SelfAttention | None = None, alignment: bool = False,
+    ) -> tuple[Tensor, list[KV]] | tuple[Tensor, list[KV], Tensor]:
         """input_ids (B, T) new tokens; past[i] (B, H, P, Dh) -> logits (B, T, V), present[i] (B, H, P + T, Dh).
         `past_lengths` (B,): how many of the P cached positions are each row's own, its last ones (None: all P
         for every row). An export variant passes `attend` (the cached self-attention, which then owns the
-        cache layout and its masking); past_lengths still sets the positions."""
+        cache layout and its masking); past_lengths still sets the positions. `alignment` (a model with
+        config.alignment_heads): also return the alignment layer's cross-attention averaged over its first
+        alignment_heads heads, (B, T, S)."""
         batch, new_len = input_ids.shape
         past_len, device = past[0][0].shape[2], input_ids.device
         if past_lengths is None:
@@ -288,15 +297,22 @@ class Transformer(nn.Module):
         positions = self.decoder_pos_table if self.config.positions == "learned" else self.pos_table
         x = self.embed(self.tgt_embed, positions, self.decoder, input_ids, past_lengths,
                        self.config.zero_start_embedding)
-        present = []
-        for layer, layer_past, layer_cross in zip(self.decoder.layers, past, cross):
-            x, kv = layer(x, self_mask, layer_past, layer_cross, cross_mask, attend)
+        present, aligned = [], None
+        aligned_layer = self.config.alignment_layer % self.config.n_decoder_layers
+        for i, (layer, layer_past, layer_cross) in enumerate(zip(self.decoder.layers, past, cross)):
+            heads = self.config.alignment_heads if alignment and i == aligned_layer else 0
+            x, kv, weights = layer(x, self_mask, layer_past, layer_cross, cross_mask, attend, heads)
+            aligned = weights if weights is not None else aligned
             present.append(kv)
         if self.decoder.final_norm is not None:
             x = self.decoder.final_norm(x)
         logits = self.generator(x)
         if self.config.logit_scale != 1.0:
             logits = logits * self.config.logit_scale
+        if alignment:
+            if aligned is None:
+                raise ValueError("this model has no alignment heads (config.alignment_heads is 0)")
+            return logits, present, aligned
         return logits, present
 
     def empty_cache(self, batch_size: int, dtype: torch.dtype = torch.float32) -> list[KV]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import sentencepiece as spm
@@ -78,6 +78,7 @@ class Tokenizer:
                      else load_table(directory / spec.target_vocab))
             self.target_pieces = {i: piece for piece, i in table.items()}
         self.drop = frozenset(spec.drop_ids)
+        self.source_pieces: dict[int, str] | None = None  # id -> piece of source_table, made when first needed
         self.special_ids = {p: self.piece_id(p) for p in spec.special_pieces}
         # longest first, so that at each position the longest special piece that matches wins
         ordered = sorted(spec.special_pieces, key=len, reverse=True)
@@ -106,31 +107,46 @@ class Tokenizer:
 
     def pieces(self, text: str) -> list[int]:
         """The text's ids: special pieces as one id each, the text between them through SentencePiece."""
-        out: list[int] = []
+        return [i for i, _ in self.tokens(text)]
+
+    def tokens(self, text: str) -> list[tuple[int, str]]:
+        """The text's ids with the piece each one is (an unknown piece's own text, where its id is unk's)."""
+        out: list[tuple[int, str]] = []
         start = 0
         for m in self.splitter.finditer(text) if self.splitter is not None else ():
-            out += self.chunk_ids(text[start : m.start()])
-            out.append(self.special_ids[m.group()])
+            out += self.chunk_tokens(text[start : m.start()])
+            out.append((self.special_ids[m.group()], m.group()))
             start = m.end()
-        return out + self.chunk_ids(text[start:])
+        return out + self.chunk_tokens(text[start:])
 
-    def chunk_ids(self, chunk: str) -> list[int]:
+    def chunk_tokens(self, chunk: str) -> list[tuple[int, str]]:
         """Text without special pieces, through the source SentencePiece model (and the source table)."""
         if not chunk:
             return []
+        pieces = self.source_sp.encode(chunk, out_type=str)
         if self.source_table is None:
-            ids = self.source_sp.encode(chunk)
+            out = list(zip(self.source_sp.encode(chunk), pieces))
         else:
-            ids = [self.source_table.get(p, self.spec.unk_id) for p in self.source_sp.encode(chunk, out_type=str)]
-        return ids + list(self.spec.trailing_space) if chunk[-1] in WHITESPACE else ids
+            out = [(self.source_table.get(p, self.spec.unk_id), p) for p in pieces]
+        if chunk[-1] in WHITESPACE:
+            out += [(i, SPIECE_UNDERLINE) for i in self.spec.trailing_space]
+        return out
 
     def encode_source(self, text: str, src_lang: str | None = None, tgt_lang: str | None = None) -> list[int]:
+        return self.source_tokens(text, src_lang, tgt_lang)[0]
+
+    def source_tokens(self, text: str, src_lang: str | None = None,
+                      tgt_lang: str | None = None) -> tuple[list[int], list[str | None]]:
+        """encode_source's ids, and the piece of the text each is (None: a language token or the suffix)."""
         if not text.strip():
             raise BadInput("empty input sentence")
         langs = self.spec.languages
         src, tgt = langs.pick("source", src_lang), langs.pick("target", tgt_lang)
         prefix = [*(langs.source[src] if src else ()), *(langs.target[tgt].source if tgt else ())]
-        return prefix + self.pieces(text) + list(self.spec.source_suffix)
+        tokens = self.tokens(text)
+        suffix = list(self.spec.source_suffix)
+        return ([*prefix, *(i for i, _ in tokens), *suffix],
+                [*([None] * len(prefix)), *(piece for _, piece in tokens), *([None] * len(suffix))])
 
     def check_languages(self, src_lang: str | None, tgt_lang: str | None) -> None:
         self.spec.languages.pick("source", src_lang)
@@ -140,7 +156,21 @@ class Tokenizer:
         """Target pieces without bos/eos (training)."""
         return self.target_sp.encode(text) if self.target_pieces is None else self.pieces(text)
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def source_piece(self, token: int) -> str | None:
+        """The piece of a source id (None outside the source vocabulary)."""
+        if self.source_table is None:
+            return self.source_sp.id_to_piece(token) if 0 <= token < self.source_sp.get_piece_size() else None
+        if self.source_pieces is None:
+            self.source_pieces = {i: piece for piece, i in self.source_table.items()}
+        return self.source_pieces.get(token)
+
+    def decode(self, ids: Iterable[int], replacements: Mapping[int, str] | None = None) -> str:
+        """Target ids as text; `replacements`: pieces that stand instead of the ids at those indices (unknowns
+        replaced: Hypothesis.replacements)."""
+        if replacements:
+            pieces = [replacements[k] if k in replacements else self.target_piece(i)
+                      for k, i in enumerate(map(int, ids)) if k in replacements or i not in self.drop]
+            return self.join([p for p in pieces if p is not None])
         kept = [i for i in map(int, ids) if i not in self.drop]
         if self.target_pieces is None:
             size = self.target_sp.get_piece_size()
@@ -190,10 +220,17 @@ class JsonTokenizer(Tokenizer):
     def pieces(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
 
+    def tokens(self, text: str) -> list[tuple[int, str]]:
+        encoding = self.hf.encode(text, add_special_tokens=False)
+        return list(zip(encoding.ids, encoding.tokens))
+
+    def source_piece(self, token: int) -> str | None:
+        return self.hf.id_to_token(token)
+
     def encode_target(self, text: str) -> list[int]:
         return self.pieces(text)
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int], replacements: Mapping[int, str] | None = None) -> str:
         return self.hf.decode([int(i) for i in ids if int(i) not in self.drop], skip_special_tokens=True).strip()
 
     def target_piece(self, token: int) -> str | None:

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from twostep.errors import BadInput
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, Specials, StepSession, decode, decode_steps
+from twostep.runtime.decoding.batch import pad_batch
 from twostep.runtime.decoding.options import is_int, with_defaults
 from twostep.runtime.documents import DocumentPlan, split_documents
 from twostep.runtime.streaming import Event, Events, TextEvents
 from twostep.runtime.tokenizer import Tokenizer
+
+SURFACES = 4096  # sentences whose unknown pieces a Translator keeps for replace_unknowns, the latest
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,8 @@ class Translator:
         self.defaults = dict(defaults or {})
         self.batch_size, self.options = batch_size, self.options_with() if options is None else options
         self.lock = threading.Lock()  # threads may share a Translator: their calls run one after another
+        self.surfaces: dict[tuple[int, ...], list[str | None]] = {}  # source_ids: the pieces of ids with unk
+        self.lock_surfaces = threading.Lock()
 
     def options_with(self, **given: Any) -> DecodeOptions:
         """The model's decoding defaults with the options a caller gave (None: not given): with_defaults."""
@@ -111,7 +119,7 @@ class Translator:
                               prefixes=[prefixes[i] for i in chunk])
                 for i, out in zip(chunk, outs):
                     results[i] = out
-        return results
+            return self.replace_unknowns(sources, results, options, prefixes)
 
     def translate_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                       tgt_lang: str | None = None) -> list[list[int]]:
@@ -132,16 +140,75 @@ class Translator:
                 text.encode("utf-8")
             except UnicodeEncodeError:  # lone surrogates, which SentencePiece cannot take
                 raise BadInput(f"sentence {i + 1} is not valid Unicode text (it holds lone surrogates)") from None
-            out.append(self.tokenizer.encode_source(text, src_lang, tgt_lang))
+            out.append(self.source_ids(text, src_lang, tgt_lang))
         return out
+
+    def source_ids(self, text: str, src_lang: str | None, tgt_lang: str | None) -> list[int]:
+        """A sentence's source ids; where one is unk's, the pieces they are are kept for replace_unknowns (a piece
+        the vocabulary lacks is copied as the text has it, which its id cannot give back)."""
+        ids, pieces = self.tokenizer.source_tokens(text, src_lang, tgt_lang)
+        if self.limits.specials.unk_id in ids:
+            with self.lock_surfaces:
+                self.surfaces[tuple(ids)] = pieces
+                while len(self.surfaces) > SURFACES:
+                    del self.surfaces[next(iter(self.surfaces))]
+        return ids
+
+    def replace_unknowns(self, sources: Sequence[Sequence[int]], hypotheses: list[list[Hypothesis]],
+                         options: DecodeOptions, prefixes: Sequence[Sequence[int]]) -> list[list[Hypothesis]]:
+        """With options.replace_unknowns, each hypothesis that holds <unk> gets its replacements, as CTranslate2
+        makes them: the source piece of the position the decoder's alignment (session.alignment, one teacher-forced
+        run of the hypothesis) weighs most at that token, among the sentence's own pieces (not its language tokens
+        or suffix). `prefixes`: each sentence's forced tokens after the decoder's start."""
+        unk = self.limits.specials.unk_id
+        todo = [(i, j) for i, hyps in enumerate(hypotheses) for j, h in enumerate(hyps) if unk in h.tokens]
+        if not options.replace_unknowns or not todo:
+            return hypotheses
+        out = [list(hyps) for hyps in hypotheses]
+        start, pad = self.limits.specials.bos_id, self.limits.specials.pad_id
+        for first in range(0, len(todo), self.batch_size):
+            chunk = todo[first : first + self.batch_size]
+            ids, mask = pad_batch([sources[i] for i, _ in chunk], pad)
+            targets, _ = pad_batch([[start, *prefixes[i], *hypotheses[i][j].tokens[:-1]] for i, j in chunk], pad)
+            alignment = self.session.alignment(ids, mask, targets)  # (N, T, S)
+            for n, (i, j) in enumerate(chunk):
+                lead, end = self.source_span(sources[i])
+                with self.lock_surfaces:
+                    surfaces = self.surfaces.get(tuple(sources[i]))
+                h, replaced = hypotheses[i][j], []
+                for k in np.flatnonzero(np.asarray(h.tokens) == unk):
+                    pos = lead + int(alignment[n, len(prefixes[i]) + k, lead:end].argmax())
+                    piece = surfaces[pos] if surfaces else self.source_piece(sources[i][pos])
+                    if piece is not None:
+                        replaced.append((int(k), piece))
+                out[i][j] = dataclasses.replace(h, replacements=tuple(replaced))
+        return out
+
+    def source_span(self, ids: Sequence[int]) -> tuple[int, int]:
+        """Where a sentence's own pieces are among its source ids: after its language tokens, before the suffix."""
+        if self.tokenizer is None:
+            return 0, len(ids)
+        spec = self.tokenizer.spec
+        languages = {i for ids_ in spec.languages.source.values() for i in ids_} | {
+            i for t in spec.languages.target.values() for i in t.source}
+        lead = next((n for n, i in enumerate(ids) if i not in languages), len(ids))
+        suffix = list(spec.source_suffix)
+        end = len(ids) - len(suffix) if suffix and list(ids[len(ids) - len(suffix):]) == suffix else len(ids)
+        return lead, max(end, lead + 1)
+
+    def source_piece(self, token: int) -> str | None:
+        return self.tokenizer.source_piece(token) if self.tokenizer is not None else None
+
+    def text(self, hypothesis: Hypothesis) -> str:
+        return self.tokenizer.decode(hypothesis.tokens, dict(hypothesis.replacements))
 
     def best_texts(self, hypotheses: Sequence[Sequence[Hypothesis]]) -> list[str]:
         """Each sentence's best hypothesis as text ('' for none): decode_ids' answer as translate() gives it."""
-        return [self.tokenizer.decode(hyps[0].tokens if hyps else []) for hyps in hypotheses]
+        return [self.text(hyps[0]) if hyps else self.tokenizer.decode([]) for hyps in hypotheses]
 
     def nbest_texts(self, hypotheses: Sequence[Sequence[Hypothesis]]) -> list[list[tuple[str, float]]]:
         """Each sentence's hypotheses as (text, score): decode_ids' answer as translate_nbest() gives it."""
-        return [[(self.tokenizer.decode(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
+        return [[(self.text(h), h.score) for h in hyps] for hyps in hypotheses]
 
     def split_documents(self, texts: Sequence[str], src_lang: str | None = None,
                         tgt_lang: str | None = None) -> tuple[list[str], DocumentPlan]:
@@ -167,7 +234,7 @@ class Translator:
 
         def count(piece: str) -> int:
             if piece not in encoded:
-                encoded[piece] = self.tokenizer.encode_source(piece, src_lang, tgt_lang)
+                encoded[piece] = self.source_ids(piece, src_lang, tgt_lang)
             return len(encoded[piece])
 
         lang = self.tokenizer.spec.languages.pick("source", src_lang)

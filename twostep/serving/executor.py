@@ -114,10 +114,17 @@ class BatchingTranslator:
         after `timeout` seconds the request is cancelled and TimeoutError raised."""
         future = self.submit_ids(sources, options, tgt_lang)
         try:
-            return future.result(timeout)
+            return self.replace_unknowns(sources, future.result(timeout), options, tgt_lang)
         except FutureTimeout:
             future.cancel()
             raise TimeoutError(f"no answer within {timeout} s; the request was cancelled") from None
+
+    def replace_unknowns(self, sources: Sequence[Sequence[int]], hypotheses: list[list[Hypothesis]],
+                         options: DecodeOptions | None, tgt_lang: str | None) -> list[list[Hypothesis]]:
+        """Translator.replace_unknowns, in the caller's thread: the alignment runs apart from the running batch."""
+        options = self.translator.options if options is None else options
+        prefix = self.translator.prefix(tgt_lang)
+        return self.translator.replace_unknowns(sources, hypotheses, options, [prefix] * len(sources))
 
     def split_documents(self, texts: Sequence[str], src_lang: str | None = None,
                         tgt_lang: str | None = None) -> tuple[list[str], DocumentPlan]:
@@ -150,7 +157,10 @@ class BatchingTranslator:
     async def decode_ids_async(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                                tgt_lang: str | None = None) -> list[list[Hypothesis]]:
         """Cancelling the awaiting task cancels the request: its rows leave the batch."""
-        return await asyncio.wrap_future(self.submit_ids(sources, options, tgt_lang))
+        hypotheses = await asyncio.wrap_future(self.submit_ids(sources, options, tgt_lang))
+        if (options or self.translator.options).replace_unknowns:
+            return await asyncio.to_thread(self.replace_unknowns, sources, hypotheses, options, tgt_lang)
+        return hypotheses
 
     async def translate_async(self, texts: Sequence[str], options: DecodeOptions | None = None,
                               src_lang: str | None = None, tgt_lang: str | None = None,

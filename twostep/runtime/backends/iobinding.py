@@ -109,7 +109,7 @@ class IoBindingSession(RowSession):
         binding = session.io_binding()
         for name, value in inputs.items():
             binding.bind_ortvalue_input(name, value)
-        names = self.backend.graphs[graph].output_names
+        names = self.backend.graphs[graph].step_output_names
         for name in names:
             binding.bind_output(name, self.device_type, self.device_id)
         session.run_with_iobinding(binding)

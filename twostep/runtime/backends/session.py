@@ -25,8 +25,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from twostep.artifact.config import ModelConfig
-from twostep.artifact.spec import SEARCH_OUTPUTS, GraphSpec, present_name
-from twostep.errors import SessionBusy
+from twostep.artifact.spec import ALIGNMENT, SEARCH_OUTPUTS, GraphSpec, present_name
+from twostep.errors import BadInput, SessionBusy
 from twostep.runtime.backends.base import NUMPY_DTYPES, Backend, Feeds, check_positions
 from twostep.runtime.backends.rows import DecoderRows, NumpyOps
 
@@ -106,6 +106,23 @@ class RowSession:
     def reorder(self, origin: np.ndarray, cache_only: bool = False) -> None:
         self.rows.reorder(origin, cache_only)
 
+    def alignment(self, input_ids: np.ndarray, attention_mask: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """The decoder's alignment (B, T, S) float32 for target tokens (B, T) fed at once from the start on
+        sources (B, S): row t is the source attention of the step that predicts the token after targets[:, t].
+        Stateless: the running batch's rows stay as they are (the graphs run apart, through the backend)."""
+        if ALIGNMENT not in self.decoder.output_names:
+            raise BadInput("this model's decoder gives no alignment (replace_unknowns needs a model imported with "
+                           "alignment heads: a CTranslate2 model or Argos package)")
+        backend, graph = self.backend, self.decoder.name
+        enc = backend.run("encoder", {"input_ids": input_ids, "attention_mask": attention_mask})
+        batch, new = targets.shape
+        feeds = {"input_ids": np.ascontiguousarray(targets, np.int64), MASK: attention_mask,
+                 "past_lengths": np.zeros(batch, np.int64),
+                 **{t.name: np.zeros(t.concrete(batch=batch, past_len=0, capacity=new), NUMPY_DTYPES[t.dtype])
+                    for t in self.decoder.past_self},
+                 **{t.name: np.asarray(enc[present_name(t.name)]) for t in self.decoder.past_cross}}
+        return np.asarray(backend._run(graph, feeds, [ALIGNMENT])[ALIGNMENT], dtype=np.float32)  # feeds of its spec
+
 
 class HostSession(RowSession):
     """The decoder's inputs kept as host arrays between steps; both graphs run through the backend."""
@@ -125,7 +142,7 @@ class HostSession(RowSession):
                 for t in self.decoder.past_self}
 
     def run_decoder(self, input_ids: np.ndarray, need_logits: bool = True) -> tuple[dict, Feeds]:
-        rows, names = self.rows, self.decoder.output_names
+        rows, names = self.rows, self.decoder.step_output_names
         if self.decoder.searches and not need_logits:  # the full logits stay in the graph
             names = [name for name in names if name != "logits"]
         out = self.backend._run("decoder", {"input_ids": input_ids, "past_lengths": rows.lengths, **rows.tensors},

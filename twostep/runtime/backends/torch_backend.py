@@ -88,6 +88,16 @@ class TorchSession(RowSession):
                 dict(zip(self.self_names, (x for kv in present for x in kv))))
 
     @torch.inference_mode()
+    def alignment(self, input_ids: np.ndarray, attention_mask: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        if not self.config.alignment_heads:
+            return super().alignment(input_ids, attention_mask, targets)  # refuses
+        mask = torch.from_numpy(np.array(attention_mask)).to(self.device)
+        cross = self.model.encode(torch.from_numpy(np.array(input_ids)).to(self.device), mask)
+        ids = torch.from_numpy(np.ascontiguousarray(targets, np.int64)).to(self.device)
+        _, _, aligned = self.model.decode_step(ids, mask, self.model.empty_cache(len(ids)), cross, alignment=True)
+        return aligned.float().cpu().numpy()
+
+    @torch.inference_mode()
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> None:
         super().start(input_ids, attention_mask)
 

@@ -47,6 +47,8 @@ class Specials:
 class Hypothesis:
     tokens: list[int]
     score: float  # sum of log-probs divided by length ** length_penalty
+    # (index into tokens, source piece) for each <unk> that replace_unknowns replaces in its text
+    replacements: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class DecodeOptions:
     # until a sentence has generated this many tokens
     min_new_tokens: int = 0
     suppress_eos: bool = False
+    # each <unk> of a hypothesis' text replaced by the source piece it attends to most, in the decoder's alignment
+    # heads (CTranslate2's replace_unknowns; a model imported with alignment heads: CTranslate2's, Argos')
+    replace_unknowns: bool = False
     # Beam search's stopping rule. "n_best": a sentence is done once it has n_best finished hypotheses and its
     # best live one cannot beat the worst of them. "transformers": as transformers' generate() (early_stopping
     # False): it keeps beam_size finished hypotheses, and only a candidate among a step's beam_size best may

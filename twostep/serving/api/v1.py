@@ -58,6 +58,9 @@ class TranslateRequest(BaseModel):
     beam_stop: Optional[str] = Field(None, description="Beam search's stopping rule: n_best (twostep's), "
                                      "transformers (as its generate() stops: keeps beam finished hypotheses), or "
                                      "ctranslate2 (as CTranslate2's beam search, Argos Translate's engine).")
+    replace_unknowns: Optional[bool] = Field(None, description="Replace each <unk> by the source piece it attends "
+                                             "to most (CTranslate2's replace_unknowns; false unless the model says "
+                                             "otherwise, as an Argos package does).")
     src_lang: Optional[str] = Field(None, description="Source language: the model's code (M2M100: en; NLLB: "
                                     "eng_Latn; mBART-50: en_XX) or a standard one (en, eng, en-US).")
     tgt_lang: Optional[str] = Field(None, description="Target language: the model's code (M2M100: fr; NLLB: "
@@ -70,7 +73,7 @@ class TranslateRequest(BaseModel):
             beam_size=self.beam, n_best=self.n_best, length_penalty=self.length_penalty,
             max_new_tokens=self.max_new_tokens, min_new_tokens=self.min_new_tokens, sampling=self.sampling,
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
-            suppress_eos=self.suppress_eos, beam_stop=self.beam_stop)
+            suppress_eos=self.suppress_eos, beam_stop=self.beam_stop, replace_unknowns=self.replace_unknowns)
 
 
 class Sentence(BaseModel):
