@@ -145,7 +145,6 @@ def test_argos_package_translates_as_argostranslate_with_no_flags(ct2_models, tm
     """`twostep translate ART` on an imported Argos package, no decoding flags: argostranslate's text (its beam
     search, replace_unknowns, detokenization) for every sentence, and scores alike."""
     import ct2_models as build
-
     from twostep.runtime.translator import open_translator
 
     art = import_and_export(ct2_models.argos, tmp_path)
