@@ -222,6 +222,18 @@ def ct2_models(tmp_path_factory) -> CT2Models:
                      root / "argos-installed" / argos.stem, seconds)
 
 
+
+@pytest.fixture(scope="session")
+def argos_artifact(ct2_models, tmp_path_factory) -> Path:
+    """ct2_models' Argos package imported (from the .argosmodel zip) and exported once."""
+    from twostep.exporter.export import export
+    from twostep.model.sources import import_model
+
+    root = tmp_path_factory.mktemp("argos-artifact")
+    import_model(ct2_models.argos, root / "ckpt")
+    export(root / "ckpt", root / "art")
+    return root / "art"
+
 # The tests of mbart50_hub take the session's mBART-50 model: `@ONLY_MBART50` picks it among PRETRAINED (a whole
 # PRETRAINED entry for the hub's layout would add about a minute to every run: its own model, export, C++ tests).
 ONLY_MBART50 = pytest.mark.parametrize("pretrained", ["mbart50"], indirect=True)

@@ -141,13 +141,13 @@ def test_replace_unknowns_equals_ctranslate2(imported, name, beam):
     assert [pieces_of(model, h[0]) for h in got] == expected
 
 
-def test_argos_package_translates_as_argostranslate_with_no_flags(ct2_models, tmp_path):
+def test_argos_package_translates_as_argostranslate_with_no_flags(ct2_models, argos_artifact):
     """`twostep translate ART` on an imported Argos package, no decoding flags: argostranslate's text (its beam
     search, replace_unknowns, detokenization) for every sentence, and scores alike."""
     import ct2_models as build
     from twostep.runtime.translator import open_translator
 
-    art = import_and_export(ct2_models.argos, tmp_path)
+    art = argos_artifact
     expected = build.argos_reference(ct2_models.argos_dir, SENTENCES)
     translator, backend = open_translator(art)
     with backend:

@@ -115,3 +115,19 @@ def test_api_key_in_the_body_or_the_header(demo_artifact, reference):
         assert r.status_code == 200, r.text
         assert post(url, {"text": ["six"]}).status_code == 401  # /v1 still takes the header only
     assert KEY not in "".join(proc.log)
+
+
+def test_an_argos_package_serves_argostranslates_text(argos_artifact, ct2_models):
+    """`twostep serve` on an imported Argos package, as LibreTranslate serves it: its language pair listed, and
+    LibreTranslate's client and /v1/translate get argostranslate's text with no decoding options."""
+    import ct2_models as build
+
+    sentences = ["the cat sat in the park", "hello dog", "a quick fox", "good dog"]
+    expected = [text for text, _ in build.argos_reference(ct2_models.argos_dir, sentences)]
+    with server(argos_artifact) as (url, proc):
+        client = libretranslatepy.LibreTranslateAPI(url)
+        assert [(lang["code"], lang["targets"]) for lang in client.languages()] == [("en", ["fr"])]
+        assert [client.translate(s, "en", "fr") for s in sentences] == expected
+        answer = post(url, {"text": sentences, "src_lang": "en", "tgt_lang": "fr", "split": False})
+        assert answer.status_code == 200, answer.text
+        assert [hyps[0]["text"] for hyps in answer.json()["translations"]] == expected

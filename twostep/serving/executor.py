@@ -158,6 +158,11 @@ class BatchingTranslator:
                                tgt_lang: str | None = None) -> list[list[Hypothesis]]:
         """Cancelling the awaiting task cancels the request: its rows leave the batch."""
         hypotheses = await asyncio.wrap_future(self.submit_ids(sources, options, tgt_lang))
+        return await self.replace_unknowns_async(sources, hypotheses, options, tgt_lang)
+
+    async def replace_unknowns_async(self, sources: Sequence[Sequence[int]], hypotheses: list[list[Hypothesis]],
+                                     options: DecodeOptions | None, tgt_lang: str | None) -> list[list[Hypothesis]]:
+        """replace_unknowns in a thread of its own (never the engine's, whose batch would wait)."""
         if (options or self.translator.options).replace_unknowns:
             return await asyncio.to_thread(self.replace_unknowns, sources, hypotheses, options, tgt_lang)
         return hypotheses

@@ -106,7 +106,7 @@ def router(service: Service) -> APIRouter:
         try:
             body = await fields(request)
             check_key(service, request, body)
-            future, answer = prepare(body)
+            future, finished, answer = prepare(body)
         except KeyRefused as exc:
             return error(exc.status, str(exc))
         except TwostepError as exc:
@@ -117,7 +117,7 @@ def router(service: Service) -> APIRouter:
             return error(400, str(exc))
         if results is None:  # the client went away; its rows were dropped
             return Response(status_code=499)
-        return JSONResponse(answer(results))
+        return JSONResponse(answer(await finished(results)))
 
     def prepare(body: dict):
         """Check and queue a request: (the future of its sentences' hypotheses, what makes the answer of them)."""
@@ -156,9 +156,12 @@ def router(service: Service) -> APIRouter:
         sources, plan = service.encode(nodes, source, target)
         future = service.submit(sources, options, target)
 
+        async def finished(results):
+            return await translator.replace_unknowns_async(sources, results, options, target)
+
         def answer(results) -> dict:
-            decode = tokenizer.decode
-            ranked = [[decode(h.tokens) for h in hyps] for hyps in results]  # per sentence, best first
+            decode = translator.translator.text
+            ranked = [[decode(h) for h in hyps] for hyps in results]  # per sentence, best first
             best = plan.join([r[0] if r else "" for r in ranked])
             if markup == "html":
                 out, at = [], 0
@@ -176,6 +179,6 @@ def router(service: Service) -> APIRouter:
                 answer["alternatives"] = per_text[0] if one else per_text
             return answer
 
-        return future, answer
+        return future, finished, answer
 
     return routes

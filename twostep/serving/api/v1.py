@@ -100,7 +100,7 @@ def hypotheses(plan: DocumentPlan, results: list, decode) -> list[list[dict]]:
     """Each text's hypotheses from its sentences' (DocumentPlan.join_nbest's rule: a one-sentence text keeps its
     n-best, in its whitespace; a text of several sentences has one, their best joined), with the tokens of a
     one-sentence text's, or each sentence's best."""
-    texts = [[(decode(h.tokens), h.score) for h in hyps] for hyps in results]
+    texts = [[(decode(h), h.score) for h in hyps] for hyps in results]
     out = []
     for joined, part, part_texts in zip(plan.join_nbest(texts), plan.parts(results), plan.parts(texts)):
         if len(part) == 1:
@@ -194,11 +194,12 @@ def router(service: Service) -> APIRouter:
             return error(400, str(exc))
         if results is None:  # the client went away; its rows were dropped
             return Response(status_code=499)
+        results = await translator.replace_unknowns_async(sources, results, options, body.tgt_lang)
         # TranslateResponse's shape, built as plain JSON: validating our own output per request buys nothing
         if body.text is None:
             return JSONResponse({"translations": [[{"tokens": h.tokens, "score": h.score} for h in hyps]
                                                   for hyps in results]})
-        return JSONResponse({"translations": hypotheses(plan, results, translator.tokenizer.decode)})
+        return JSONResponse({"translations": hypotheses(plan, results, translator.translator.text)})
 
     @routes.get("/languages")
     async def languages():
