@@ -43,7 +43,7 @@ from twostep.errors import BadCheckpoint
 from twostep.files import read_json
 from twostep.model.hf.common import SOURCE_SPM, SOURCE_VOCAB, TARGET_SPM, TARGET_VOCAB, Imported
 from twostep.model.importers import Mapper
-from twostep.model.transformer import Transformer
+from twostep.model.transformer import Transformer, position_table
 
 BINARY_VERSIONS = range(1, 7)  # what CTranslate2 4.x still reads (current_binary_version 6)
 SPECS = {"": 8, "TransformerBase": 8, "TransformerBig": 16, "TransformerSpec": None}  # name -> implied heads
@@ -486,10 +486,6 @@ def split_rows(parts: int, index: int):
     return take
 
 
-def zeros_like_rows(weight: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(weight.shape[0])
-
-
 def map_linear(m: Mapper, sd: dict[str, torch.Tensor], ours: str, theirs: str, parts: int = 1, index: int = 0) -> None:
     """A CTranslate2 linear (or one of `parts` fused in its rows) onto one of ours; a missing bias is zeros."""
     take = split_rows(parts, index) if parts > 1 else None
@@ -548,9 +544,7 @@ def build_model(ct2: CT2Model, cfg: ModelConfig) -> Transformer:
     if cfg.positions == "learned":  # stored tables, one per stack
         m.put("pos_table", "encoder/position_encodings/encodings", lambda t: t[: cfg.max_positions])
         m.put("decoder_pos_table", "decoder/position_encodings/encodings", lambda t: t[: cfg.max_positions])
-    else:
-        from twostep.model.transformer import position_table
-
+    else:  # CTranslate2's computed sinusoid
         positions = position_table(cfg)
     return m.build(cfg, positions)
 
