@@ -303,16 +303,10 @@ def marian_ct2(out: Path, seed: int = 0) -> Path:
     first, as in the OPUS-MT models that transformers converted: CTranslate2 drops that row and starts the decoder
     from a zero embedding, transformers from the row; zeroed, both agree. `out`/hf is that transformers
     directory."""
-    import torch
     from ctranslate2.converters import TransformersConverter
-    from transformers import MarianMTModel
 
     with one_thread():
-        hf = hf_models.marian_dir(out / "hf", seed=seed)
-    model = MarianMTModel.from_pretrained(hf)
-    with torch.no_grad():
-        model.get_input_embeddings().weight[model.config.pad_token_id] = 0.0
-    model.save_pretrained(hf)
+        hf = hf_models.zero_start_embedding(hf_models.marian_dir(out / "hf", seed=seed))
     ct2 = Path(TransformersConverter(str(hf)).convert(str(out / "ct2")))
     for name in ("source.spm", "target.spm"):
         if not (ct2 / name).exists():

@@ -29,22 +29,21 @@ CASES = [  # beam, length_penalty, max_new_tokens (max_decoding_length), n_best 
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """(CTranslate2's Translator, twostep's Translator, the Marian vocabulary) of one model."""
-    pytest.importorskip("transformers", reason="the model is built with transformers")
+def models(ct2_models, tmp_path_factory):
+    """(CTranslate2's Translator, twostep's Translator, the Marian vocabulary) of one model: the session's Marian
+    (ct2_models: its start embedding zeroed, converted by TransformersConverter) imported from transformers."""
     ctranslate2 = pytest.importorskip("ctranslate2", reason="the reference is CTranslate2 itself")
     from twostep.exporter.export import export
     from twostep.model.hf import import_hf_directory
 
-    root = tmp_path_factory.mktemp("ct2")
-    hf = hf_models.zero_start_embedding(hf_models.marian_dir(root / "hf"))
-    ctranslate2.converters.TransformersConverter(str(hf)).convert(str(root / "ct2"))
-    assert json.loads((root / "ct2" / "config.json").read_text())["decoder_start_token"] == "</s>"
+    root = tmp_path_factory.mktemp("ct2-marian-hf")
+    hf = ct2_models.marian_hf
+    assert json.loads((ct2_models.marian / "config.json").read_text())["decoder_start_token"] == "</s>"
     import_hf_directory(hf, root / "ckpt")
     export(root / "ckpt", root / "art")
     translator, backend = open_translator(root / "art")
     with backend:
-        yield (ctranslate2.Translator(str(root / "ct2"), compute_type="float32"), translator,
+        yield (ctranslate2.Translator(str(ct2_models.marian), compute_type="float32"), translator,
                json.loads((hf / "vocab.json").read_text()))
 
 
