@@ -613,7 +613,8 @@ TEST_CASE("beam search: transformers' stopping rule keeps beam_size finished hyp
   CHECK(n_best[0].size() == 1);
   CHECK(n_best[0][0].tokens.empty());
   CHECK(n_best[0][0].score == doctest::Approx(log_softmax(s[0], kEos)).epsilon(1e-12));
-  const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 1, 10, false, {}, true);
+  const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 1, 10, false, {},
+                                                 twostep::detail::BeamStop::transformers);
   CHECK(hf[0].size() == 1);  // n_best of the beam_size kept
   CHECK(hf[0][0].tokens == twostep::Ids{4});
   CHECK(hf[0][0].score == doctest::Approx((log_softmax(s[0], 4) + log_softmax(s[1], kEos)) / 2).epsilon(1e-12));
@@ -677,10 +678,117 @@ TEST_CASE("beam search: transformers' rule finishes only an eos among the step's
     REQUIRE(n_best[0].size() == 2);
     CHECK(n_best[0][0].tokens == twostep::Ids{4});
     CHECK(n_best[0][1].tokens == twostep::Ids{5});
-    const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 2, 3, false, {}, true);
+    const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 2, 3, false, {},
+                                                   twostep::detail::BeamStop::transformers);
     REQUIRE(hf[0].size() == 2);
     CHECK(hf[0][0].tokens == twostep::Ids{4});
     CHECK(hf[0][1].tokens != twostep::Ids{5});
+  }
+}
+
+namespace {
+// Python's log_softmax of `row` at `id` with the ids `out` left out of the softmax.
+double log_softmax_without(const std::vector<float>& row, int64_t id, const twostep::Ids& out) {
+  double sum = 0;
+  for (size_t v = 0; v < row.size(); ++v)
+    if (std::find(out.begin(), out.end(), static_cast<int64_t>(v)) == out.end()) sum += std::exp(double{row[v]});
+  return row[id] - std::log(sum);
+}
+}  // namespace
+
+TEST_CASE("beam search: CTranslate2's rule") {
+  // tests/runtime/decoding/test_search.py's test_ctranslate2_rule. Beam 2; step 2's candidates best first: [4, eos],
+  // [4, 5], [5, eos], [5, 4]. [4, eos] (rank 0) finishes; [5, eos] (rank 2, past the beam) finishes nothing, and
+  // the next non-eos candidate past the beam, [5, 4], takes the ended slot. One finished hypothesis < beam 2: on to
+  // step 3, the limit, where the two best candidates both finish without an eos ([5, 4, 0] from the refilled
+  // slot). Scores: log-probability / length ** penalty, the length counting the eos.
+  using twostep::detail::BeamStop;
+  const float low = -10;
+  const std::vector<float> first = {low, low, 0, low, 2, 1}, after4 = {low, low, 0, 5, low, 4.5f};
+  const std::map<std::pair<int, int64_t>, std::vector<float>> script = {
+      {{0, kStart}, first}, {{1, 4}, after4}, {{1, 5}, {low, low, 0, 4, 3, low}}, {{2, 4}, {6, 0, 0, 0, 0, 0}}};
+  const double step1 = log_softmax(first, 4), step2 = log_softmax(after4, kEos);
+  for (int64_t width : {0, 6}) {  // the logits, and the search outputs
+    CAPTURE(width);
+    FedSession session(script, 6, width);
+    auto run = [&](double penalty, int n_best, int max_new) {
+      return twostep::detail::beam_search(session, {{9, 3}}, kSpecials, 2, penalty, n_best, max_new, false, {},
+                                          BeamStop::ctranslate2)[0];
+    };
+    auto hyps = run(1.0, 2, 3);
+    REQUIRE(hyps.size() == 2);
+    CHECK(hyps[0].tokens == twostep::Ids{4});
+    CHECK(hyps[1].tokens == twostep::Ids{5, 4, 0});
+    CHECK(session.t + 1 == 3);
+    CHECK(hyps[0].score == doctest::Approx((step1 + step2) / 2).epsilon(1e-6));
+    CHECK(hyps[1].score < hyps[0].score);
+    // the n_best rule finishes [5] at rank 2
+    const auto n_best = twostep::detail::beam_search(session, {{9, 3}}, kSpecials, 2, 1.0, 2, 3, false);
+    REQUIRE(n_best[0].size() == 2);
+    CHECK(n_best[0][1].tokens == twostep::Ids{5});
+    // length_penalty 0: done once the best candidate has ended and n_best (1) are finished: at step 2
+    hyps = run(0.0, 1, 10);
+    REQUIRE(hyps.size() == 1);
+    CHECK(hyps[0].tokens == twostep::Ids{4});
+    CHECK(hyps[0].score == doctest::Approx(step1 + step2).epsilon(1e-6));
+    CHECK(session.t + 1 == 2);
+    run(1.0, 1, 10);
+    CHECK(session.t + 1 > 2);  // one finished hypothesis, not the beam's two: on it goes
+  }
+  // both of step 2's best candidates end: beam 2 finished hypotheses, done there, far from the limit
+  const std::vector<float> ends = {low, low, 0, 8, low, low};
+  FedSession session({{{0, kStart}, first}, {{1, 4}, ends}, {{1, 5}, ends}}, 6, 0);
+  const auto hyps = twostep::detail::beam_search(session, {{9, 3}}, kSpecials, 2, 1.0, 2, 10, false, {},
+                                                 BeamStop::ctranslate2)[0];
+  REQUIRE(hyps.size() == 2);
+  CHECK(hyps[0].tokens == twostep::Ids{4});
+  CHECK(hyps[1].tokens == twostep::Ids{5});
+  CHECK(session.t + 1 == 2);
+}
+
+TEST_CASE("beam search: CTranslate2's rule takes never_generate ids out of the softmax") {
+  // A never-generated id is no candidate under every rule; under CTranslate2's it is out of the normaliser too
+  // (DisableTokens), so the scores differ from the n_best rule's by exactly that.
+  const std::vector<float> row = {0, 0, 0, 1, 4, 3, 0, 0};
+  twostep::detail::Specials never5 = kSpecials;
+  never5.never_generate = {5};
+  for (int64_t width : {0, 8}) {  // the search outputs cannot say what leaving 5 out changes: the logits are used
+    CAPTURE(width);
+    FedSession session({{{0, kStart}, row}, {{1, 4}, {0, 0, 0, 9, 0, 0, 0, 0}}}, 8, width);
+    const auto ct2 = twostep::detail::beam_search(session, {{9, 3}}, never5, 2, 0.0, 1, 10, false, {},
+                                                  twostep::detail::BeamStop::ctranslate2)[0];
+    REQUIRE(ct2.size() == 1);
+    CHECK(ct2[0].tokens == twostep::Ids{4});
+    const std::vector<float> second = {0, 0, 0, 9, 0, 0, 0, 0};
+    CHECK(ct2[0].score ==
+          doctest::Approx(log_softmax_without(row, 4, {5}) + log_softmax_without(second, kEos, {5})).epsilon(1e-6));
+    CHECK(std::abs(ct2[0].score - (log_softmax(row, 4) + log_softmax(second, kEos))) > 1e-3);
+    const auto plain = twostep::detail::beam_search(session, {{9, 3}}, never5, 2, 0.0, 1, 10, false)[0];
+    CHECK(plain[0].score == doctest::Approx(log_softmax(row, 4) + log_softmax(second, kEos)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("min_new_tokens takes eos out of the first steps") {
+  // tests/runtime/decoding/test_search.py's test_min_new_tokens_takes_eos_out_of_the_first_steps: eos is no
+  // candidate, and out of the softmax, until min_new_tokens are generated (CTranslate2's min_decoding_length).
+  const std::vector<float> first = {0, 0, 0, 9, 1, 0}, second = {0, 0, 0, 9, 0, 0};
+  const std::map<std::pair<int, int64_t>, std::vector<float>> script = {{{0, kStart}, first}, {{1, 4}, second}};
+  for (int64_t width : {0, 6}) {
+    CAPTURE(width);
+    FedSession session(script, 6, width);
+    auto beam = [&](int min_new) {
+      return twostep::detail::beam_search(session, {{9, 3}}, kSpecials, 2, 0.0, 1, 5, false, {},
+                                          twostep::detail::BeamStop::ctranslate2, {}, min_new)[0];
+    };
+    CHECK(beam(0)[0].tokens.empty());
+    const auto hyps = beam(1);
+    CHECK(hyps[0].tokens == twostep::Ids{4});
+    const double want = (1.0 - std::log(std::exp(1.0) + 4)) + (9.0 - std::log(std::exp(9.0) + 5));
+    CHECK(hyps[0].score == doctest::Approx(want).epsilon(1e-6));
+    for (const auto& [min_new, tokens] : std::vector<std::pair<int, twostep::Ids>>{{0, {}}, {1, {4}}})
+      CHECK(twostep::detail::greedy(session, {{9, 3}}, kSpecials, 5, false, {}, {}, min_new)[0] == tokens);
+    // Forced tokens count: with one forced, min_new_tokens 1 is already met at the next step, and eos ends it.
+    CHECK(twostep::detail::greedy(session, {{9, 3}}, kSpecials, 5, false, {{4}}, {}, 1)[0].empty());
   }
 }
 
