@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <unistd.h>
 
 #include "decoding.h"
@@ -495,6 +496,114 @@ TEST_CASE("tokenizer: special pieces, vocab tables and languages") {
   CHECK(tok.decode({5, 6, 0, 55, 7, 2, 8}) == "three hundredandxyz q");
   CHECK(tok.decode({9, 5, 9}) == "three");
   CHECK(tok.decode({5, 10}) == "three");  // U+3000 trimmed, as Python's str.strip() does
+}
+
+TEST_CASE("tokenizer: detokenize argos joins the pieces as argostranslate does") {
+  // twostep/runtime/tokenizer.py's Tokenizer.join: SentencePiece joins the pieces, "▁" and "_" become spaces, one
+  // leading space goes and nothing else is stripped; "sentencepiece" (the default) strips both ends. The
+  // expected texts are Python's.
+  Schema3 a(read_text(TWOSTEP_DEMO_TOKENIZER));
+  a.add("target_vocab.json", json{{"</s>", 0}, {"<pad>", 2}, {"\u2581three", 5}, {"\u2581hundred", 6}, {"and", 7},
+                                  {"xyz\u2581q", 8}, {"\u2581", 9}, {"x_y", 11}}.dump());
+  a.save();
+  const twostep::Tokenizer plain = twostep::Tokenizer::load(twostep::Manifest::read(a.dir));
+  a.manifest["tokenizer"]["detokenize"] = "argos";
+  a.save();
+  const twostep::Manifest m = twostep::Manifest::read(a.dir);
+  CHECK(m.tokenizer->detokenize == "argos");
+  const twostep::Tokenizer argos = twostep::Tokenizer::load(m);
+  const std::vector<std::tuple<twostep::Ids, std::string, std::string>> cases = {
+      {{9, 5, 9}, "three", "three "},
+      {{5, 6, 7}, "three hundredand", "three hundredand"},
+      {{8, 9}, "xyz q", "xyz q "},
+      {{5, 11, 9}, "threex_y", "threex y "},
+      {{9, 9}, "", ""},
+  };
+  for (const auto& [ids, sentencepiece, argostranslate] : cases) {
+    CHECK(plain.decode(ids) == sentencepiece);
+    CHECK(argos.decode(ids) == argostranslate);
+  }
+}
+
+TEST_CASE("tokenizer: an unknown detokenize is one Error") {
+  Schema3 a;
+  a.manifest["tokenizer"]["detokenize"] = "moses";
+  a.save();
+  const std::string error = error_of(a.dir);
+  CHECK(contains(error, "malformed manifest (tokenizer: detokenize 'moses' is not one of sentencepiece, argos)"));
+  CHECK(!contains(error, "\n"));
+}
+
+// --- the manifest's decoding section: the model's decoding defaults
+
+TEST_CASE("the decoding section: an Argos package's defaults, under the options a caller gives") {
+  Artifact a;
+  CHECK(!twostep::Manifest::read(a.dir).decoding.beam_size);  // absent: twostep's defaults
+  a.manifest["decoding"] = {{"beam_size", 4}, {"length_penalty", 0.2}, {"beam_stop", "ctranslate2"},
+                            {"max_new_tokens", 256}, {"min_new_tokens", 1}};
+  a.manifest["model"]["zero_start_embedding"] = true;  // graph-only (CTranslate2's imports): nothing to read here
+  a.save();
+  const twostep::Manifest m = twostep::Manifest::read(a.dir);
+  CHECK(m.decoding.beam_size == 4);
+  CHECK(m.decoding.length_penalty == 0.2);
+  CHECK(m.decoding.beam_stop == "ctranslate2");
+  CHECK(m.decoding.max_new_tokens == 256);
+  CHECK(m.decoding.min_new_tokens == 1);
+  CHECK(!m.decoding.n_best);
+  CHECK(!m.samples);
+
+  // Python's with_defaults: the defaults, each overridden by a value given, the rest twostep's.
+  twostep::DecodeOptions given;
+  twostep::DecodeOptions o = twostep::with_defaults(m.decoding, given);
+  CHECK((o.beam_size == 4 && o.length_penalty == 0.2 && o.beam_stop == "ctranslate2" && o.max_new_tokens == 256 &&
+         o.min_new_tokens == 1 && o.n_best == 1));
+  given.beam_size = 1, given.beam_stop = "n_best", given.max_new_tokens = 0;  // 0: not given, as Python's None
+  o = twostep::with_defaults(m.decoding, given);
+  CHECK((o.beam_size == 1 && o.beam_stop == "n_best" && o.max_new_tokens == 256 && o.length_penalty == 0.2));
+  o = twostep::with_defaults({}, {});
+  CHECK((o.beam_size == 1 && o.length_penalty == 1.0 && o.n_best == 1 && o.max_new_tokens == 0 &&
+         o.min_new_tokens == 0 && o.beam_stop == "n_best"));
+  given = {};
+  given.n_best = 5, given.beam_stop = "fairseq";
+  CHECK(error_of([&] { twostep::with_defaults(m.decoding, given); }) ==
+        "bad decoding options: n_best must be between 1 and the beam size 4, got 5; beam_stop must be one of n_best, "
+        "transformers, ctranslate2, got 'fairseq'");
+
+  a.manifest["decoding"] = {{"max_new_tokens", nullptr}, {"length_penalty", 1}, {"sampling", false}};  // as Python
+  a.save();
+  CHECK(!twostep::Manifest::read(a.dir).decoding.max_new_tokens);
+  CHECK(twostep::Manifest::read(a.dir).decoding.length_penalty == 1.0);
+  a.manifest["decoding"] = {{"sampling", true}, {"temperature", 0.7}};
+  a.save();
+  CHECK(twostep::Manifest::read(a.dir).samples);  // read; a Model refuses to decode with it
+}
+
+TEST_CASE("the decoding section: a bad one is one Error that names every problem") {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {7, "malformed manifest ('decoding' is int, expected an object of decoding options)"},
+      {{{"beam", 4}, {"beam_size", "4"}},
+       "malformed manifest (decoding: unknown option 'beam'; beam_size is str '4', expected int; known options: "
+       "beam_size, n_best, length_penalty, beam_stop, max_new_tokens, min_new_tokens, sampling, temperature, top_k, "
+       "top_p)"},
+      {{{"beam_size", true}}, "decoding: beam_size is bool True, expected int"},
+      {{{"length_penalty", "0.2"}}, "decoding: length_penalty is str '0.2', expected float"},
+      {{{"beam_size", 0}}, "decoding: bad decoding options: beam size must be an integer >= 1, got 0"},
+      {{{"beam_stop", "fairseq"}},
+       "decoding: bad decoding options: beam_stop must be one of n_best, transformers, ctranslate2, got 'fairseq'"},
+      {{{"beam_size", 2}, {"n_best", 3}, {"max_new_tokens", 0}, {"min_new_tokens", -1}},
+       "decoding: bad decoding options: n_best must be between 1 and the beam size 2, got 3; max_new_tokens must be "
+       "an integer >= 1, got 0; min_new_tokens must be an integer >= 0, got -1"},
+      {{{"sampling", true}, {"beam_size", 4}}, "sampling and beam search exclude each other: choose one"},
+      {{{"temperature", 0}}, "temperature must be positive, got 0"},
+  };
+  for (const auto& [section, message] : cases) {
+    Artifact a;
+    a.manifest["decoding"] = section;
+    a.save();
+    const std::string error = error_of(a.dir);
+    CHECK_MESSAGE(contains(error, message), error);
+    CHECK(!contains(error, "\n"));
+  }
 }
 
 TEST_CASE("tokenizer: trailing_space after each stretch of text that ends in whitespace") {
