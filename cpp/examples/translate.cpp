@@ -13,8 +13,8 @@ const char* kUsage =
     "usage: twostep-translate ART_DIR [--beam N] [--n-best N] [--length-penalty X] [--threads N]\n"
     "                         [--provider cpu|cuda] [--io-binding] [--ids] [--scores] [--max-new-tokens N]\n"
     "                         [--suppress-eos] [--batch-size N] [--warmup N --repeat N]\n"
-    "                         [--beam-stop n_best|transformers] [--src-lang CODE] [--tgt-lang CODE] [--stream]\n"
-    "                         [--kv-cache auto|inplace|concat]\n"
+    "                         [--beam-stop n_best|transformers|ctranslate2] [--min-new-tokens N]\n"
+    "                         [--src-lang CODE] [--tgt-lang CODE] [--stream] [--kv-cache auto|inplace|concat]\n"
     "Reads one sentence a line from stdin (with --ids: space-separated token ids ending with eos) and prints\n"
     "one line per input: the translation, or with --n-best N the N best, tab-separated (--scores: each\n"
     "preceded by its score and a space). --repeat N decodes the input N more times after --warmup runs and\n"
@@ -22,7 +22,10 @@ const char* kUsage =
     "(always so with --provider cuda). --kv-cache: the decoder (auto: the artifact's in-place one, where it has\n"
     "one, on the CPU without --io-binding; concat: the plain one). --src-lang and --tgt-lang pick a multilingual\n"
     "model's languages (with --ids only --tgt-lang counts: the source ids are taken as given). --beam-stop\n"
-    "transformers stops beam search as transformers' generate() does. --stream prints the decode as it goes\n"
+    "transformers stops beam search as transformers' generate() does, ctranslate2 as CTranslate2 does.\n"
+    "--min-new-tokens N keeps eos out until N tokens are generated. The decoding options not given are the\n"
+    "artifact's decoding defaults (manifest.json \"decoding\"; an Argos Translate package's beam 4, ...), else\n"
+    "twostep's (greedy). --stream prints the decode as it goes\n"
     "instead, one JSON object a line: {\"sentence\": I, \"delta\": TEXT, \"finished\": BOOL} (with --ids\n"
     "\"tokens\": [IDS, so far] in place of \"delta\"), I counted from 0 in input order; greedy: as each sentence\n"
     "grows, beam search: as each ends.\n";
@@ -114,6 +117,7 @@ int main(int argc, char** argv) {
       else if (arg == "--warmup") warmup = parse<int>(arg, value());
       else if (arg == "--repeat") repeat = parse<int>(arg, value());
       else if (arg == "--beam-stop") decode.beam_stop = value();
+      else if (arg == "--min-new-tokens") decode.min_new_tokens = parse<int>(arg, value());
       else if (arg == "--src-lang") decode.src_lang = value();
       else if (arg == "--tgt-lang") decode.tgt_lang = value();
       else if (arg == "--suppress-eos") decode.suppress_eos = true;
@@ -125,11 +129,10 @@ int main(int argc, char** argv) {
       else dir = arg;
     }
     if (dir.empty()) throw twostep::Error(std::string("missing ART_DIR\n") + kUsage);
-    if (stream && (scores || warmup || repeat || decode.n_best > 1))
+    twostep::Model model = twostep::Model::load(dir, options);
+    if (stream && (scores || warmup || repeat || *twostep::with_defaults(model.manifest().decoding, decode).n_best > 1))
       throw twostep::Error("--stream prints the best hypothesis as it grows: not with --scores, --n-best, --warmup or "
                            "--repeat");
-
-    twostep::Model model = twostep::Model::load(dir, options);
     std::vector<std::string> lines;
     for (std::string line; std::getline(std::cin, line);) {
       if (!line.empty() && line.back() == '\r') line.pop_back();

@@ -134,12 +134,46 @@ Ids shown(const Ids& tokens, const std::vector<Ids>& forced, size_t b) {
   return out;
 }
 
+// Eos out of a row's logits before any softmax: a sentence that has generated fewer than min_new_tokens tokens
+// (Python: Group.block_early_eos, after forcing and the blocked ids).
+void block_early_eos(float* row, int t, int min_new_tokens, int64_t eos_id) {
+  if (t < min_new_tokens) row[eos_id] = -std::numeric_limits<float>::infinity();
+}
+
 // Python: finished.sort(key=lambda h: -h.score) (stable); del finished[pool:]
 void keep_best(std::vector<Hypothesis>& hyps, int64_t pool) {
   std::stable_sort(hyps.begin(), hyps.end(), [](const auto& a, const auto& b) { return a.score > b.score; });
   if (static_cast<int64_t>(hyps.size()) > pool) hyps.resize(pool);
 }
 }  // namespace
+
+BeamStop beam_stop(const std::string& rule) {
+  if (rule == "n_best") return BeamStop::n_best;
+  if (rule == "transformers") return BeamStop::transformers;
+  if (rule == "ctranslate2") return BeamStop::ctranslate2;
+  throw Error("beam_stop must be one of n_best, transformers, ctranslate2, got '" + rule + "'");
+}
+
+std::vector<std::string> option_problems(const DecodeOptions& o, bool given) {
+  std::vector<std::string> out;
+  const int beam = o.beam_size.value_or(1), n_best = o.n_best.value_or(1);
+  if (beam < 1) out.push_back("beam size must be an integer >= 1, got " + std::to_string(beam));
+  else if (n_best < 1 || n_best > beam)
+    out.push_back("n_best must be between 1 and the beam size " + std::to_string(beam) + ", got " +
+                  std::to_string(n_best));
+  if (!std::isfinite(o.length_penalty.value_or(1.0)))
+    out.push_back("length_penalty must be a finite number, got " + std::to_string(*o.length_penalty));
+  const std::string rule = o.beam_stop.value_or("n_best");
+  if (rule != "n_best" && rule != "transformers" && rule != "ctranslate2")
+    out.push_back("beam_stop must be one of n_best, transformers, ctranslate2, got '" + rule + "'");
+  if (o.max_new_tokens && *o.max_new_tokens < (given ? 0 : 1))
+    out.push_back("max_new_tokens must be an integer >= " + std::string(given ? "0 (0: automatic)" : "1") + ", got " +
+                  std::to_string(*o.max_new_tokens));
+  if (o.min_new_tokens.value_or(0) < 0)
+    out.push_back("min_new_tokens must be an integer >= 0, got " + std::to_string(*o.min_new_tokens));
+  if (given && o.batch_size < 1) out.push_back("batch size must be at least 1, got " + std::to_string(o.batch_size));
+  return out;
+}
 
 double pairwise_sum(const double* a, int64_t n) {
   if (n < 8) {
@@ -164,7 +198,7 @@ double pairwise_sum(const double* a, int64_t n) {
 
 std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
                         int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced,
-                        const Progress& progress) {
+                        const Progress& progress, int min_new_tokens) {
   session.start(sources);
   const size_t batch = sources.size();
   const int64_t vocab = session.vocab();
@@ -173,10 +207,11 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
   std::vector<bool> done(batch, false);
   std::vector<Ids> out(batch);
   const int64_t width = session.search_width();
-  const bool searching = width >= 1 + static_cast<int64_t>(banned.size());  // the search outputs suffice
+  const bool outputs_suffice = width >= 1 + static_cast<int64_t>(banned.size());
   std::vector<size_t> news;  // streaming: the rows whose shown tokens grew, or that finished, this step
   bool stopped = false;      // streaming: progress said stop
   for (int t = 0; t < max_new_tokens && !stopped; ++t) {
+    const bool searching = outputs_suffice && t >= min_new_tokens;  // eos out of the softmax: the full logits
     float* logits = searching ? nullptr : session.step(tokens);
     const StepSession::Search search = searching ? session.search_step(tokens) : StepSession::Search{};
     bool all_done = true;
@@ -192,6 +227,7 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
         float* row = logits + b * vocab;
         if (forced_id >= 0) force(row, vocab, forced_id);
         ban(row, banned);
+        block_early_eos(row, t, min_new_tokens, s.eos_id);
         best = argmax(row, vocab);
       }
       tokens[b] = best;
@@ -216,8 +252,8 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
 std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std::vector<Ids>& sources,
                                                  const Specials& s, int beam_size, double length_penalty,
                                                  int n_best, int max_new_tokens, bool suppress_eos,
-                                                 const std::vector<Ids>& forced, bool transformers_stop,
-                                                 const Progress& progress) {
+                                                 const std::vector<Ids>& forced, BeamStop stop,
+                                                 const Progress& progress, int min_new_tokens) {
   if (n_best < 1 || n_best > beam_size)
     throw Error("n_best must be between 1 and the beam size " + std::to_string(beam_size) + ", got " +
                 std::to_string(n_best));
@@ -233,7 +269,10 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   int64_t width = 0;  // history's length
   Ids tokens(rows_n, s.start_id);
   const Ids banned = banned_ids(s, suppress_eos);
-  const int64_t pool = transformers_stop ? k : n_best;  // finished hypotheses kept per sentence
+  const bool transformers_stop = stop == BeamStop::transformers, ct2 = stop == BeamStop::ctranslate2;
+  // Finished hypotheses kept per sentence (ctranslate2: all of them, until the sentence is done).
+  const int64_t pool = transformers_stop ? k : ct2 ? std::numeric_limits<int64_t>::max() : n_best;
+  std::vector<bool> top_ended(batch, false);  // ctranslate2: a step's best candidate has ended (sticky)
   std::vector<std::vector<Hypothesis>> finished(batch);
   std::vector<bool> done(batch, false);
   auto norm = [&](double score, int64_t length) {
@@ -242,7 +281,10 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   std::vector<double> tmp;
   std::vector<std::pair<double, int64_t>> top;
   const int64_t search_width = session.search_width();
-  const bool searching = search_width >= 2 * k + static_cast<int64_t>(banned.size());  // the search outputs suffice
+  // The search outputs suffice: they hold 2k candidates past the banned ids, and (ctranslate2) no banned id has to
+  // leave the softmax (Python: Beam.needs_logits).
+  const bool outputs_suffice =
+      search_width >= 2 * k + static_cast<int64_t>(banned.size()) && !(ct2 && !banned.empty());
   // Streaming: a finished sentence's best hypothesis (finished[b] is sorted), as returned.
   auto best = [&](int64_t b) {
     return finished[b].empty() ? Ids{} : shown(finished[b][0].tokens, forced, static_cast<size_t>(b));
@@ -250,6 +292,7 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   bool stopped = false;  // streaming: progress said stop
 
   for (int t = 0; t < max_new_tokens; ++t) {
+    const bool searching = outputs_suffice && t >= min_new_tokens;  // eos out of the softmax: the full logits
     float* logits = searching ? nullptr : session.step(tokens);
     const StepSession::Search search = searching ? session.search_step(tokens) : StepSession::Search{};
     std::vector<double> next_scores(rows_n, kNegInf);
@@ -263,8 +306,44 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
         select_top_search(search, b * k, search_width, &scores[b * k], k, vocab, banned, forced_id, 2 * k, top);
       } else {
         float* sentence = logits + b * k * vocab;
-        for (int64_t beam = 0; forced_id >= 0 && beam < k; ++beam) force(sentence + beam * vocab, vocab, forced_id);
-        select_top(sentence, &scores[b * k], k, vocab, banned, 2 * k, tmp, top);
+        for (int64_t beam = 0; beam < k; ++beam) {
+          float* row = sentence + beam * vocab;
+          if (forced_id >= 0) force(row, vocab, forced_id);
+          if (ct2) ban(row, banned);  // out of the softmax, as CTranslate2's DisableTokens
+          block_early_eos(row, t, min_new_tokens, s.eos_id);
+        }
+        select_top(sentence, &scores[b * k], k, vocab, ct2 ? Ids{} : banned, 2 * k, tmp, top);
+      }
+      if (ct2) {  // CTranslate2's step (Python: Beam.advance_ctranslate2)
+        const size_t n = top.size();
+        const bool last = t + 1 >= max_new_tokens;
+        auto token_of = [&](size_t c) { return top[c].second % vocab; };
+        auto beam_of = [&](size_t c) { return top[c].second / vocab; };
+        size_t later = static_cast<size_t>(k);  // the next candidate past the beam that can take an ended slot
+        bool alive = false;
+        for (int64_t slot = 0; slot < k; ++slot) {
+          size_t c = static_cast<size_t>(slot);  // slot s keeps candidate s, unless that one ends
+          if (c < n && token_of(c) == s.eos_id) {  // only the first k can end: with their eos's score
+            finished[b].push_back({history[b * k + beam_of(c)], norm(top[c].first, t + 1)});
+            if (slot == 0) top_ended[b] = true;
+            while (later < n && token_of(later) == s.eos_id) ++later;  // an eos past the beam finishes nothing
+            c = later < n ? later++ : n;                                // none left: the slot dies
+          } else if (last && c < n) {  // the limit: the first k all finish, with their new token
+            Ids tokens = history[b * k + beam_of(c)];
+            tokens.push_back(token_of(c));
+            finished[b].push_back({std::move(tokens), norm(top[c].first, t + 1)});
+          }
+          if (c >= n) continue;
+          next_scores[b * k + slot] = top[c].first, next_tokens[b * k + slot] = token_of(c);
+          origins[b * k + slot] = beam_of(c), alive = true;
+        }
+        const auto count = static_cast<int64_t>(finished[b].size());
+        if (last || !alive || (length_penalty == 0 ? top_ended[b] && count >= n_best : count >= k)) {
+          done[b] = true;
+          keep_best(finished[b], n_best);
+          if (progress && !stopped) stopped = !progress(static_cast<size_t>(b), best(b), true);
+        }
+        continue;
       }
       int64_t kept = 0;
       for (size_t c = 0; c < top.size(); ++c) {
@@ -315,3 +394,20 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
 }
 
 }  // namespace twostep::detail
+
+namespace twostep {
+DecodeOptions with_defaults(const DecodeOptions& defaults, const DecodeOptions& given) {
+  DecodeOptions o = given;
+  if (!o.beam_size) o.beam_size = defaults.beam_size.value_or(1);
+  if (!o.length_penalty) o.length_penalty = defaults.length_penalty.value_or(1.0);
+  if (!o.n_best) o.n_best = defaults.n_best.value_or(1);
+  if (!o.max_new_tokens || *o.max_new_tokens == 0) o.max_new_tokens = defaults.max_new_tokens.value_or(0);
+  if (!o.min_new_tokens) o.min_new_tokens = defaults.min_new_tokens.value_or(0);
+  if (!o.beam_stop) o.beam_stop = defaults.beam_stop.value_or("n_best");
+  const std::vector<std::string> problems = detail::option_problems(o, true);
+  std::string message;
+  for (const std::string& p : problems) message += (message.empty() ? "" : "; ") + p;
+  if (!message.empty()) throw Error("bad decoding options: " + message);
+  return o;
+}
+}  // namespace twostep

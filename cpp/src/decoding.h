@@ -46,19 +46,31 @@ struct Specials {
 // decode after that step, as max_new_tokens would have, with no further calls. Empty: no streaming work at all.
 using Progress = std::function<bool(size_t row, Ids tokens, bool finished)>;
 
+// Beam search's stopping rule (DecodeOptions::beam_stop; twostep/runtime/decoding/search.py's Beam).
+enum class BeamStop { n_best, transformers, ctranslate2 };
+// "n_best", "transformers" or "ctranslate2"; an Error naming them for anything else.
+BeamStop beam_stop(const std::string& rule);
+
 // forced[i]: the ids forced on sentence i's decoder after its start id, one a step (its logits become -inf
 // but for the forced id, 0). They count as generated tokens (max_new_tokens, length normalisation) but are
 // left out of what is returned. Empty, or fewer rows than sources: nothing forced on the rest.
-// transformers_stop: beam search's stopping rule of transformers' generate() (DecodeOptions::beam_stop).
+// stop: beam search's stopping rule. min_new_tokens: eos is out of a row's logits (before any softmax) at the
+// steps before it, forced ones counted (Python's Group.block_early_eos).
 std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
                         int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced = {},
-                        const Progress& progress = {});
+                        const Progress& progress = {}, int min_new_tokens = 0);
 
 std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std::vector<Ids>& sources,
                                                  const Specials& s, int beam_size, double length_penalty,
                                                  int n_best, int max_new_tokens, bool suppress_eos,
-                                                 const std::vector<Ids>& forced = {}, bool transformers_stop = false,
-                                                 const Progress& progress = {});
+                                                 const std::vector<Ids>& forced = {},
+                                                 BeamStop stop = BeamStop::n_best, const Progress& progress = {},
+                                                 int min_new_tokens = 0);
+
+// What Python's DecodeOptions refuses in `o` (its messages; none: an empty list), the fields it leaves out taken as
+// twostep's defaults. `given`: a caller's options, where max_new_tokens 0 means automatic; else a manifest's
+// decoding section, where it is refused as Python refuses it.
+std::vector<std::string> option_problems(const DecodeOptions& o, bool given);
 
 // numpy's float64 sum along a contiguous axis (pairwise, 8-way unrolled blocks of 128), so that
 // log-softmax rounds like the Python loop.

@@ -1,6 +1,7 @@
 // manifest.json: the artifact's contract (twostep/artifact.py reads the same file the same way).
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 
+#include "decoding.h"
 #include "twostep/twostep.h"
 
 namespace twostep {
@@ -219,7 +221,86 @@ TokenizerSpec read_tokenizer(const json& tok) {
   t.drop_ids = tok.at("drop_ids").get<Ids>();
   t.unk_id = tok.at("unk_id").get<int64_t>();
   t.trailing_space = tok.value("trailing_space", json::array()).get<Ids>();
+  t.detokenize = tok.value("detokenize", std::string("sentencepiece"));
   return t;
+}
+
+// Python's name of a JSON value's type, for messages that read as twostep/artifact/manifest.py's.
+std::string python_type(const json& value) {
+  switch (value.type()) {
+    case json::value_t::string: return "str";
+    case json::value_t::boolean: return "bool";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "int";
+    case json::value_t::number_float: return "float";
+    case json::value_t::array: return "list";
+    case json::value_t::object: return "dict";
+    default: return "NoneType";
+  }
+}
+
+// Python's repr of a JSON scalar (a string in single quotes, True, None), for the same messages.
+std::string python_repr(const json& value) {
+  if (value.is_string()) return "'" + value.get<std::string>() + "'";
+  if (value.is_boolean()) return value.get<bool>() ? "True" : "False";
+  if (value.is_null()) return "None";
+  return value.dump();
+}
+
+// The optional "decoding" section: the model's decoding defaults. Keys and JSON types as Python's parse_decoding
+// checks them (DECODING_FIELDS), then the values as its DecodeOptions does (with_defaults): one Error each, that
+// names every problem. `samples`: it says sampling true.
+DecodeOptions read_decoding(const json& data, const std::string& where, bool& samples) {
+  DecodeOptions out;
+  if (data.is_null()) return out;
+  if (!data.is_object())
+    throw Error(where + ": malformed manifest ('decoding' is " + python_type(data) +
+                ", expected an object of decoding options)");
+  static const std::vector<std::pair<std::string, std::string>> kFields = {
+      {"beam_size", "int"}, {"n_best", "int"}, {"length_penalty", "float"}, {"beam_stop", "str"},
+      {"max_new_tokens", "int"}, {"min_new_tokens", "int"}, {"sampling", "bool"}, {"temperature", "float"},
+      {"top_k", "int"}, {"top_p", "float"}};
+  std::string problems, known;
+  for (const auto& field : kFields) known += (known.empty() ? "" : ", ") + field.first;
+  auto problem = [&](const std::string& text) { problems += (problems.empty() ? "" : "; ") + text; };
+  for (const auto& [key, value] : data.items()) {
+    const auto field = std::find_if(kFields.begin(), kFields.end(), [&](const auto& f) { return f.first == key; });
+    if (field == kFields.end()) {
+      problem("unknown option '" + key.substr(0, 38) + "'");
+      continue;
+    }
+    const std::string& kind = field->second;
+    if (value.is_null() && key == "max_new_tokens") continue;  // null: 2 x source length + 16
+    const std::string found = python_type(value);
+    if (kind != found && !(kind == "float" && found == "int")) {  // JSON writes 1.0 as 1
+      problem(key + " is " + found + " " + python_repr(value).substr(0, 40) + ", expected " + kind);
+      continue;
+    }
+    if (found == "int" && std::abs(value.get<double>()) > 1e9) {  // beyond C++'s int
+      problem(key + " is " + value.dump().substr(0, 40) + ", out of range");
+      continue;
+    }
+    if (key == "beam_size") out.beam_size = value.get<int>();
+    else if (key == "n_best") out.n_best = value.get<int>();
+    else if (key == "length_penalty") out.length_penalty = value.get<double>();
+    else if (key == "beam_stop") out.beam_stop = value.get<std::string>();
+    else if (key == "max_new_tokens") out.max_new_tokens = value.get<int>();
+    else if (key == "min_new_tokens") out.min_new_tokens = value.get<int>();
+    else if (key == "sampling") samples = value.get<bool>();
+  }
+  if (!problems.empty())
+    throw Error(where + ": malformed manifest (decoding: " + problems + "; known options: " + known + ")");
+  // The values, as DecodeOptions checks them; those of sampling too, which this library does not do.
+  std::vector<std::string> bad = detail::option_problems(out, false);
+  if (samples && out.beam_size.value_or(1) > 1) bad.push_back("sampling and beam search exclude each other: choose one");
+  const double temperature = data.value("temperature", 1.0), top_p = data.value("top_p", 1.0);
+  if (temperature <= 0) bad.push_back("temperature must be positive, got " + data.at("temperature").dump());
+  if (!(top_p > 0 && top_p <= 1)) bad.push_back("top_p must be in (0, 1], got " + data.at("top_p").dump());
+  if (data.value("top_k", 0) < 0) bad.push_back("top_k must be an integer >= 0 (0: off), got " + data.at("top_k").dump());
+  std::string message;
+  for (const std::string& b : bad) message += (message.empty() ? "" : "; ") + b;
+  if (!message.empty()) throw Error(where + ": decoding: bad decoding options: " + message);
+  return out;
 }
 
 // tokenizer.languages; absent or null: a model without languages (a target's source or decoder ids: none).
@@ -491,6 +572,9 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
       if (m.tokenizer->kind != "sentencepiece" && m.tokenizer->kind != "tokenizers")
         throw Error(where + ": malformed manifest (tokenizer: kind '" + m.tokenizer->kind +
                     "' is not one of sentencepiece, tokenizers)");
+      if (m.tokenizer->detokenize != "sentencepiece" && m.tokenizer->detokenize != "argos")
+        throw Error(where + ": malformed manifest (tokenizer: detokenize '" + m.tokenizer->detokenize.substr(0, 30) +
+                    "' is not one of sentencepiece, argos)");
       m.languages = read_languages(tokenizer);
     }
     m.encoder = read_graph("encoder", j.at("graphs").at("encoder"));
@@ -503,6 +587,7 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
     for (const auto& t : j["graphs"]["decoder"].at("outputs"))
       if (t.at("name") == "top_ids") m.search_width = t.at("shape").at(1).get<int64_t>();
     m.files = j.at("files").get<std::map<std::string, std::string>>();
+    m.decoding = read_decoding(j.value("decoding", json()), where, m.samples);
   } catch (const json::exception& e) {
     throw Error(where + ": malformed manifest (missing or wrong " + e.what() + ")");
   }

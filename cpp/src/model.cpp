@@ -16,11 +16,6 @@ namespace fs = std::filesystem;
 using detail::ort_errors;
 
 namespace {
-void check_beam_stop(const std::string& rule) {
-  if (rule != "n_best" && rule != "transformers")
-    throw Error("beam_stop must be one of n_best, transformers, got '" + rule + "'");
-}
-
 // Whether to decode with the artifact's in-place decoder (Options::kv_cache). Python: OrtBackend's kv_cache; as its
 // ort-cuda runs the plain decoder, so does the bound path here.
 bool decodes_in_place(const Manifest& m, const Options& o) {
@@ -112,29 +107,32 @@ const Manifest& Model::manifest() const { return impl_->m; }
 const std::string& Model::decoder() const { return impl_->decoder; }
 
 std::vector<Ids> Model::greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos,
-                               const std::vector<Ids>& forced) {
+                               const std::vector<Ids>& forced, int min_new_tokens) {
   return ort_errors("greedy", [&] {
-    return detail::greedy(*impl_->session, sources, impl_->specials(), max_new_tokens, suppress_eos, forced);
+    return detail::greedy(*impl_->session, sources, impl_->specials(), max_new_tokens, suppress_eos, forced, {},
+                          min_new_tokens);
   });
 }
 
 std::vector<std::vector<Hypothesis>> Model::beam_search(const std::vector<Ids>& sources, int beam_size,
                                                         double length_penalty, int n_best, int max_new_tokens,
                                                         bool suppress_eos, const std::vector<Ids>& forced,
-                                                        const std::string& beam_stop) {
-  check_beam_stop(beam_stop);
+                                                        const std::string& beam_stop, int min_new_tokens) {
+  const detail::BeamStop stop = detail::beam_stop(beam_stop);
   return ort_errors("beam search", [&] {
     return detail::beam_search(*impl_->session, sources, impl_->specials(), beam_size, length_penalty, n_best,
-                               max_new_tokens, suppress_eos, forced, beam_stop == "transformers");
+                               max_new_tokens, suppress_eos, forced, stop, {}, min_new_tokens);
   });
 }
 
-std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& sources, const DecodeOptions& o,
+std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& sources, const DecodeOptions& given,
                                                        const StepCallback& on_step) {
-  if (o.beam_size < 1) throw Error("beam size must be at least 1, got " + std::to_string(o.beam_size));
-  if (o.batch_size < 1) throw Error("batch size must be at least 1, got " + std::to_string(o.batch_size));
-  if (o.max_new_tokens < 0) throw Error("max_new_tokens must be 0 (automatic) or more");
-  check_beam_stop(o.beam_stop);
+  if (impl_->m.samples)
+    throw Error(impl_->m.dir.string() + ": its decoding defaults sample (decoding.sampling true), which the C++ "
+                "library does not do; decode it with the Python runtime");
+  const DecodeOptions o = with_defaults(impl_->m.decoding, given);
+  const int beam_size = *o.beam_size, max_new_tokens = *o.max_new_tokens, min_new_tokens = *o.min_new_tokens;
+  const detail::BeamStop stop = detail::beam_stop(*o.beam_stop);
   const Ids forced_ids = impl_->forced_ids(o.tgt_lang);
   impl_->check_ids(sources);
   std::vector<size_t> order(sources.size());  // similar lengths share a batch
@@ -147,7 +145,7 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
     std::vector<Ids> batch;
     size_t longest = 0;
     for (size_t i = start; i < end; ++i) batch.push_back(sources[order[i]]), longest = std::max(longest, batch.back().size());
-    const int max_new = o.max_new_tokens ? o.max_new_tokens
+    const int max_new = max_new_tokens ? max_new_tokens
                                          : static_cast<int>(std::min<int64_t>(impl_->m.max_positions, 2 * longest + 16));
     const std::vector<Ids> forced(forced_ids.empty() ? 0 : batch.size(), forced_ids);
     detail::Progress progress;  // a batch row's news, as the caller's sentence
@@ -159,14 +157,15 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
         return !stopped;
       };
     std::vector<std::vector<Hypothesis>> outs;
-    if (o.beam_size > 1) {
+    if (beam_size > 1) {
       outs = ort_errors("beam search", [&] {
-        return detail::beam_search(*impl_->session, batch, impl_->specials(), o.beam_size, o.length_penalty, o.n_best,
-                                   max_new, o.suppress_eos, forced, o.beam_stop == "transformers", progress);
+        return detail::beam_search(*impl_->session, batch, impl_->specials(), beam_size, *o.length_penalty,
+                                   *o.n_best, max_new, o.suppress_eos, forced, stop, progress, min_new_tokens);
       });
     } else {
       auto tokens = ort_errors("greedy", [&] {
-        return detail::greedy(*impl_->session, batch, impl_->specials(), max_new, o.suppress_eos, forced, progress);
+        return detail::greedy(*impl_->session, batch, impl_->specials(), max_new, o.suppress_eos, forced, progress,
+                              min_new_tokens);
       });
       for (auto& t : tokens) outs.push_back({{std::move(t), 0.0}});
     }

@@ -222,6 +222,10 @@ std::string Tokenizer::decode(const Ids& ids) const {
   if (auto status = impl_->target.Decode(impl_->target_pieces_of(ids), &text); !status.ok())
     throw Error("tokenizer: " + status.ToString());
   replace_all(text, kWordBoundary, " ");  // pieces the target model does not know come back as they are
+  if (impl_->spec.detokenize == "argos") {  // argostranslate's SentencePieceTokenizer.decode, then its lstrip of one
+    replace_all(text, "_", " ");
+    return text.rfind(' ', 0) == 0 ? text.substr(1) : text;
+  }
   return python_strip(text);
 }
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <unistd.h>
 
 #include "decoding.h"
@@ -497,6 +498,114 @@ TEST_CASE("tokenizer: special pieces, vocab tables and languages") {
   CHECK(tok.decode({5, 10}) == "three");  // U+3000 trimmed, as Python's str.strip() does
 }
 
+TEST_CASE("tokenizer: detokenize argos joins the pieces as argostranslate does") {
+  // twostep/runtime/tokenizer.py's Tokenizer.join: SentencePiece joins the pieces, "▁" and "_" become spaces, one
+  // leading space goes and nothing else is stripped; "sentencepiece" (the default) strips both ends. The
+  // expected texts are Python's.
+  Schema3 a(read_text(TWOSTEP_DEMO_TOKENIZER));
+  a.add("target_vocab.json", json{{"</s>", 0}, {"<pad>", 2}, {"\u2581three", 5}, {"\u2581hundred", 6}, {"and", 7},
+                                  {"xyz\u2581q", 8}, {"\u2581", 9}, {"x_y", 11}}.dump());
+  a.save();
+  const twostep::Tokenizer plain = twostep::Tokenizer::load(twostep::Manifest::read(a.dir));
+  a.manifest["tokenizer"]["detokenize"] = "argos";
+  a.save();
+  const twostep::Manifest m = twostep::Manifest::read(a.dir);
+  CHECK(m.tokenizer->detokenize == "argos");
+  const twostep::Tokenizer argos = twostep::Tokenizer::load(m);
+  const std::vector<std::tuple<twostep::Ids, std::string, std::string>> cases = {
+      {{9, 5, 9}, "three", "three "},
+      {{5, 6, 7}, "three hundredand", "three hundredand"},
+      {{8, 9}, "xyz q", "xyz q "},
+      {{5, 11, 9}, "threex_y", "threex y "},
+      {{9, 9}, "", ""},
+  };
+  for (const auto& [ids, sentencepiece, argostranslate] : cases) {
+    CHECK(plain.decode(ids) == sentencepiece);
+    CHECK(argos.decode(ids) == argostranslate);
+  }
+}
+
+TEST_CASE("tokenizer: an unknown detokenize is one Error") {
+  Schema3 a;
+  a.manifest["tokenizer"]["detokenize"] = "moses";
+  a.save();
+  const std::string error = error_of(a.dir);
+  CHECK(contains(error, "malformed manifest (tokenizer: detokenize 'moses' is not one of sentencepiece, argos)"));
+  CHECK(!contains(error, "\n"));
+}
+
+// --- the manifest's decoding section: the model's decoding defaults
+
+TEST_CASE("the decoding section: an Argos package's defaults, under the options a caller gives") {
+  Artifact a;
+  CHECK(!twostep::Manifest::read(a.dir).decoding.beam_size);  // absent: twostep's defaults
+  a.manifest["decoding"] = {{"beam_size", 4}, {"length_penalty", 0.2}, {"beam_stop", "ctranslate2"},
+                            {"max_new_tokens", 256}, {"min_new_tokens", 1}};
+  a.manifest["model"]["zero_start_embedding"] = true;  // graph-only (CTranslate2's imports): nothing to read here
+  a.save();
+  const twostep::Manifest m = twostep::Manifest::read(a.dir);
+  CHECK(m.decoding.beam_size == 4);
+  CHECK(m.decoding.length_penalty == 0.2);
+  CHECK(m.decoding.beam_stop == "ctranslate2");
+  CHECK(m.decoding.max_new_tokens == 256);
+  CHECK(m.decoding.min_new_tokens == 1);
+  CHECK(!m.decoding.n_best);
+  CHECK(!m.samples);
+
+  // Python's with_defaults: the defaults, each overridden by a value given, the rest twostep's.
+  twostep::DecodeOptions given;
+  twostep::DecodeOptions o = twostep::with_defaults(m.decoding, given);
+  CHECK((o.beam_size == 4 && o.length_penalty == 0.2 && o.beam_stop == "ctranslate2" && o.max_new_tokens == 256 &&
+         o.min_new_tokens == 1 && o.n_best == 1));
+  given.beam_size = 1, given.beam_stop = "n_best", given.max_new_tokens = 0;  // 0: not given, as Python's None
+  o = twostep::with_defaults(m.decoding, given);
+  CHECK((o.beam_size == 1 && o.beam_stop == "n_best" && o.max_new_tokens == 256 && o.length_penalty == 0.2));
+  o = twostep::with_defaults({}, {});
+  CHECK((o.beam_size == 1 && o.length_penalty == 1.0 && o.n_best == 1 && o.max_new_tokens == 0 &&
+         o.min_new_tokens == 0 && o.beam_stop == "n_best"));
+  given = {};
+  given.n_best = 5, given.beam_stop = "fairseq";
+  CHECK(error_of([&] { twostep::with_defaults(m.decoding, given); }) ==
+        "bad decoding options: n_best must be between 1 and the beam size 4, got 5; beam_stop must be one of n_best, "
+        "transformers, ctranslate2, got 'fairseq'");
+
+  a.manifest["decoding"] = {{"max_new_tokens", nullptr}, {"length_penalty", 1}, {"sampling", false}};  // as Python
+  a.save();
+  CHECK(!twostep::Manifest::read(a.dir).decoding.max_new_tokens);
+  CHECK(twostep::Manifest::read(a.dir).decoding.length_penalty == 1.0);
+  a.manifest["decoding"] = {{"sampling", true}, {"temperature", 0.7}};
+  a.save();
+  CHECK(twostep::Manifest::read(a.dir).samples);  // read; a Model refuses to decode with it
+}
+
+TEST_CASE("the decoding section: a bad one is one Error that names every problem") {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {7, "malformed manifest ('decoding' is int, expected an object of decoding options)"},
+      {{{"beam", 4}, {"beam_size", "4"}},
+       "malformed manifest (decoding: unknown option 'beam'; beam_size is str '4', expected int; known options: "
+       "beam_size, n_best, length_penalty, beam_stop, max_new_tokens, min_new_tokens, sampling, temperature, top_k, "
+       "top_p)"},
+      {{{"beam_size", true}}, "decoding: beam_size is bool True, expected int"},
+      {{{"length_penalty", "0.2"}}, "decoding: length_penalty is str '0.2', expected float"},
+      {{{"beam_size", 0}}, "decoding: bad decoding options: beam size must be an integer >= 1, got 0"},
+      {{{"beam_stop", "fairseq"}},
+       "decoding: bad decoding options: beam_stop must be one of n_best, transformers, ctranslate2, got 'fairseq'"},
+      {{{"beam_size", 2}, {"n_best", 3}, {"max_new_tokens", 0}, {"min_new_tokens", -1}},
+       "decoding: bad decoding options: n_best must be between 1 and the beam size 2, got 3; max_new_tokens must be "
+       "an integer >= 1, got 0; min_new_tokens must be an integer >= 0, got -1"},
+      {{{"sampling", true}, {"beam_size", 4}}, "sampling and beam search exclude each other: choose one"},
+      {{{"temperature", 0}}, "temperature must be positive, got 0"},
+  };
+  for (const auto& [section, message] : cases) {
+    Artifact a;
+    a.manifest["decoding"] = section;
+    a.save();
+    const std::string error = error_of(a.dir);
+    CHECK_MESSAGE(contains(error, message), error);
+    CHECK(!contains(error, "\n"));
+  }
+}
+
 TEST_CASE("tokenizer: trailing_space after each stretch of text that ends in whitespace") {
   // NLLB's tokenizer.json keeps such whitespace as a "▁" piece where SentencePiece drops it
   // (twostep/runtime/tokenizer.py does the same).
@@ -613,7 +722,8 @@ TEST_CASE("beam search: transformers' stopping rule keeps beam_size finished hyp
   CHECK(n_best[0].size() == 1);
   CHECK(n_best[0][0].tokens.empty());
   CHECK(n_best[0][0].score == doctest::Approx(log_softmax(s[0], kEos)).epsilon(1e-12));
-  const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 1, 10, false, {}, true);
+  const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 1, 10, false, {},
+                                                 twostep::detail::BeamStop::transformers);
   CHECK(hf[0].size() == 1);  // n_best of the beam_size kept
   CHECK(hf[0][0].tokens == twostep::Ids{4});
   CHECK(hf[0][0].score == doctest::Approx((log_softmax(s[0], 4) + log_softmax(s[1], kEos)) / 2).epsilon(1e-12));
@@ -677,10 +787,117 @@ TEST_CASE("beam search: transformers' rule finishes only an eos among the step's
     REQUIRE(n_best[0].size() == 2);
     CHECK(n_best[0][0].tokens == twostep::Ids{4});
     CHECK(n_best[0][1].tokens == twostep::Ids{5});
-    const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 2, 3, false, {}, true);
+    const auto hf = twostep::detail::beam_search(session, {{5, 3}}, kSpecials, 2, 1.0, 2, 3, false, {},
+                                                   twostep::detail::BeamStop::transformers);
     REQUIRE(hf[0].size() == 2);
     CHECK(hf[0][0].tokens == twostep::Ids{4});
     CHECK(hf[0][1].tokens != twostep::Ids{5});
+  }
+}
+
+namespace {
+// Python's log_softmax of `row` at `id` with the ids `out` left out of the softmax.
+double log_softmax_without(const std::vector<float>& row, int64_t id, const twostep::Ids& out) {
+  double sum = 0;
+  for (size_t v = 0; v < row.size(); ++v)
+    if (std::find(out.begin(), out.end(), static_cast<int64_t>(v)) == out.end()) sum += std::exp(double{row[v]});
+  return row[id] - std::log(sum);
+}
+}  // namespace
+
+TEST_CASE("beam search: CTranslate2's rule") {
+  // tests/runtime/decoding/test_search.py's test_ctranslate2_rule. Beam 2; step 2's candidates best first: [4, eos],
+  // [4, 5], [5, eos], [5, 4]. [4, eos] (rank 0) finishes; [5, eos] (rank 2, past the beam) finishes nothing, and
+  // the next non-eos candidate past the beam, [5, 4], takes the ended slot. One finished hypothesis < beam 2: on to
+  // step 3, the limit, where the two best candidates both finish without an eos ([5, 4, 0] from the refilled
+  // slot). Scores: log-probability / length ** penalty, the length counting the eos.
+  using twostep::detail::BeamStop;
+  const float low = -10;
+  const std::vector<float> first = {low, low, 0, low, 2, 1}, after4 = {low, low, 0, 5, low, 4.5f};
+  const std::map<std::pair<int, int64_t>, std::vector<float>> script = {
+      {{0, kStart}, first}, {{1, 4}, after4}, {{1, 5}, {low, low, 0, 4, 3, low}}, {{2, 4}, {6, 0, 0, 0, 0, 0}}};
+  const double step1 = log_softmax(first, 4), step2 = log_softmax(after4, kEos);
+  for (int64_t width : {0, 6}) {  // the logits, and the search outputs
+    CAPTURE(width);
+    FedSession session(script, 6, width);
+    auto run = [&](double penalty, int n_best, int max_new) {
+      return twostep::detail::beam_search(session, {{9, 3}}, kSpecials, 2, penalty, n_best, max_new, false, {},
+                                          BeamStop::ctranslate2)[0];
+    };
+    auto hyps = run(1.0, 2, 3);
+    REQUIRE(hyps.size() == 2);
+    CHECK(hyps[0].tokens == twostep::Ids{4});
+    CHECK(hyps[1].tokens == twostep::Ids{5, 4, 0});
+    CHECK(session.t + 1 == 3);
+    CHECK(hyps[0].score == doctest::Approx((step1 + step2) / 2).epsilon(1e-6));
+    CHECK(hyps[1].score < hyps[0].score);
+    // the n_best rule finishes [5] at rank 2
+    const auto n_best = twostep::detail::beam_search(session, {{9, 3}}, kSpecials, 2, 1.0, 2, 3, false);
+    REQUIRE(n_best[0].size() == 2);
+    CHECK(n_best[0][1].tokens == twostep::Ids{5});
+    // length_penalty 0: done once the best candidate has ended and n_best (1) are finished: at step 2
+    hyps = run(0.0, 1, 10);
+    REQUIRE(hyps.size() == 1);
+    CHECK(hyps[0].tokens == twostep::Ids{4});
+    CHECK(hyps[0].score == doctest::Approx(step1 + step2).epsilon(1e-6));
+    CHECK(session.t + 1 == 2);
+    run(1.0, 1, 10);
+    CHECK(session.t + 1 > 2);  // one finished hypothesis, not the beam's two: on it goes
+  }
+  // both of step 2's best candidates end: beam 2 finished hypotheses, done there, far from the limit
+  const std::vector<float> ends = {low, low, 0, 8, low, low};
+  FedSession session({{{0, kStart}, first}, {{1, 4}, ends}, {{1, 5}, ends}}, 6, 0);
+  const auto hyps = twostep::detail::beam_search(session, {{9, 3}}, kSpecials, 2, 1.0, 2, 10, false, {},
+                                                 BeamStop::ctranslate2)[0];
+  REQUIRE(hyps.size() == 2);
+  CHECK(hyps[0].tokens == twostep::Ids{4});
+  CHECK(hyps[1].tokens == twostep::Ids{5});
+  CHECK(session.t + 1 == 2);
+}
+
+TEST_CASE("beam search: CTranslate2's rule takes never_generate ids out of the softmax") {
+  // A never-generated id is no candidate under every rule; under CTranslate2's it is out of the normaliser too
+  // (DisableTokens), so the scores differ from the n_best rule's by exactly that.
+  const std::vector<float> row = {0, 0, 0, 1, 4, 3, 0, 0};
+  twostep::detail::Specials never5 = kSpecials;
+  never5.never_generate = {5};
+  for (int64_t width : {0, 8}) {  // the search outputs cannot say what leaving 5 out changes: the logits are used
+    CAPTURE(width);
+    FedSession session({{{0, kStart}, row}, {{1, 4}, {0, 0, 0, 9, 0, 0, 0, 0}}}, 8, width);
+    const auto ct2 = twostep::detail::beam_search(session, {{9, 3}}, never5, 2, 0.0, 1, 10, false, {},
+                                                  twostep::detail::BeamStop::ctranslate2)[0];
+    REQUIRE(ct2.size() == 1);
+    CHECK(ct2[0].tokens == twostep::Ids{4});
+    const std::vector<float> second = {0, 0, 0, 9, 0, 0, 0, 0};
+    CHECK(ct2[0].score ==
+          doctest::Approx(log_softmax_without(row, 4, {5}) + log_softmax_without(second, kEos, {5})).epsilon(1e-6));
+    CHECK(std::abs(ct2[0].score - (log_softmax(row, 4) + log_softmax(second, kEos))) > 1e-3);
+    const auto plain = twostep::detail::beam_search(session, {{9, 3}}, never5, 2, 0.0, 1, 10, false)[0];
+    CHECK(plain[0].score == doctest::Approx(log_softmax(row, 4) + log_softmax(second, kEos)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("min_new_tokens takes eos out of the first steps") {
+  // tests/runtime/decoding/test_search.py's test_min_new_tokens_takes_eos_out_of_the_first_steps: eos is no
+  // candidate, and out of the softmax, until min_new_tokens are generated (CTranslate2's min_decoding_length).
+  const std::vector<float> first = {0, 0, 0, 9, 1, 0}, second = {0, 0, 0, 9, 0, 0};
+  const std::map<std::pair<int, int64_t>, std::vector<float>> script = {{{0, kStart}, first}, {{1, 4}, second}};
+  for (int64_t width : {0, 6}) {
+    CAPTURE(width);
+    FedSession session(script, 6, width);
+    auto beam = [&](int min_new) {
+      return twostep::detail::beam_search(session, {{9, 3}}, kSpecials, 2, 0.0, 1, 5, false, {},
+                                          twostep::detail::BeamStop::ctranslate2, {}, min_new)[0];
+    };
+    CHECK(beam(0)[0].tokens.empty());
+    const auto hyps = beam(1);
+    CHECK(hyps[0].tokens == twostep::Ids{4});
+    const double want = (1.0 - std::log(std::exp(1.0) + 4)) + (9.0 - std::log(std::exp(9.0) + 5));
+    CHECK(hyps[0].score == doctest::Approx(want).epsilon(1e-6));
+    for (const auto& [min_new, tokens] : std::vector<std::pair<int, twostep::Ids>>{{0, {}}, {1, {4}}})
+      CHECK(twostep::detail::greedy(session, {{9, 3}}, kSpecials, 5, false, {}, {}, min_new)[0] == tokens);
+    // Forced tokens count: with one forced, min_new_tokens 1 is already met at the next step, and eos ends it.
+    CHECK(twostep::detail::greedy(session, {{9, 3}}, kSpecials, 5, false, {{4}}, {}, 1)[0].empty());
   }
 }
 

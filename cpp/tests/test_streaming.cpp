@@ -188,7 +188,7 @@ TEST_CASE("beam search streams each sentence once, when it ends, with its best h
     CAPTURE(max_new);
     std::vector<News> news;
     const auto out = twostep::detail::beam_search(session, sources, kSpecials, 2, 1.0, 2, max_new, false, forced,
-                                                  false, recorder(news));
+                                                  twostep::detail::BeamStop::n_best, recorder(news));
     REQUIRE(news.size() == 2);
     for (const News& n : news) {
       CHECK(n.finished);
@@ -197,8 +197,8 @@ TEST_CASE("beam search streams each sentence once, when it ends, with its best h
     CHECK(news[0].row != news[1].row);
   }
   std::vector<News> news;
-  const auto stopped = twostep::detail::beam_search(session, sources, kSpecials, 2, 1.0, 1, 10, false, forced, false,
-                                                    recorder(news, 1));
+  const auto stopped = twostep::detail::beam_search(session, sources, kSpecials, 2, 1.0, 1, 10, false, forced,
+                                                    twostep::detail::BeamStop::n_best, recorder(news, 1));
   CHECK(news.size() == 1);
   CHECK(stopped.size() == 2);
   CHECK(stopped[news[0].row][0].tokens == news[0].tokens);

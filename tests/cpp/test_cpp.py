@@ -429,3 +429,70 @@ def test_cpp_streams_pretrained_families_as_it_translates(cpp_build, pretrained,
     assert plain.stdout.splitlines() == (pretrained.greedy if beam == 1 else pretrained.beam)[1]
     events = stream_cpp(cpp_build, pretrained.art, sentences, *args, *langs)
     assert_same("streamed text", plain.stdout.splitlines(), streamed(events, len(sentences)))
+
+
+# The sentences tests/model/test_ct2.py decodes its CTranslate2 imports on.
+CT2_SENTENCES = ["the dog sat in the garden", "a dog ran over the mat", "good dog"]
+
+
+@pytest.fixture(scope="module")
+def argos_artifact(ct2_models, tmp_path_factory) -> Path:
+    """The session's .argosmodel package (a CTranslate2 int8 model, its SentencePiece model, argostranslate's
+    decoding defaults and detokenization) imported and exported once."""
+    from twostep.exporter.export import export
+    from twostep.model.sources import import_model
+
+    root = tmp_path_factory.mktemp("argos-cpp")
+    import_model(ct2_models.argos, root / "ckpt")
+    export(root / "ckpt", root / "art")
+    return root / "art"
+
+
+@pytest.mark.parametrize("flags", [(), ("--beam", 1)], ids=["argos-defaults", "greedy"])
+def test_cpp_decodes_an_argos_package_as_python_does(cpp_build, argos_artifact, flags):
+    """An artifact imported from an Argos Translate package: without flags both take its manifest's decoding
+    defaults (beam 4, length_penalty 0.2, CTranslate2's beam rule, min_new_tokens 1, at most 256 tokens), with
+    --beam 1 greedy over the rest of them; the same tokens and scores, and text joined as argostranslate joins it
+    (detokenize "argos"). This twostep has no replace_unknowns: an <unk> is left out of the text by both."""
+    import hf_models
+    from twostep.artifact import load_artifact
+
+    assert load_artifact(argos_artifact).manifest.decoding["beam_stop"] == "ctranslate2"
+    sentences = hf_models.TEST_SENTENCES + CT2_SENTENCES
+    translator, backend = open_translator(argos_artifact, "ort-cpu", options={"beam_size": 1} if flags else None)
+    assert translator.options.beam_size == (1 if flags else 4) and translator.options.min_new_tokens == 1
+    with backend:
+        py_text = translator.translate(sentences)
+        sources = translator.encode(sentences)
+        python = translator.decode_ids(sources)
+    assert len(set(py_text)) >= 4, py_text  # the outputs vary with the input
+
+    text = translate(cpp_build, argos_artifact, sentences, *flags)
+    assert text.returncode == 0, text.stderr
+    assert_same("text", py_text, text.stdout.splitlines())
+    proc = translate(cpp_build, argos_artifact, ids_lines(sources), "--ids", "--scores", *flags)
+    assert proc.returncode == 0, proc.stderr
+    cpp = [line.split(" ", 1) + [""] for line in proc.stdout.splitlines()]
+    assert_same("ids", [" ".join(map(str, hyps[0].tokens)) for hyps in python], [c[1] for c in cpp])
+    if not flags:
+        assert [float(c[0]) for c in cpp] == pytest.approx([hyps[0].score for hyps in python], rel=1e-6, abs=1e-6)
+
+
+def test_cpp_refuses_a_bad_decoding_section_and_detokenize_as_one_line(cpp_build, argos_artifact, tmp_path):
+    """A manifest's decoding section with a value Python's DecodeOptions refuses, or an unknown detokenize: one
+    line, exit 1, nothing printed."""
+    import json
+
+    for name, change, message in (
+            ("decoding", lambda m: m["decoding"].update(beam_stop="fairseq"),
+             "decoding: bad decoding options: beam_stop must be one of n_best, transformers, ctranslate2"),
+            ("detokenize", lambda m: m["tokenizer"].update(detokenize="moses"),
+             "detokenize 'moses' is not one of sentencepiece, argos")):
+        art = tmp_path / name
+        shutil.copytree(argos_artifact, art)
+        manifest = json.loads((art / "manifest.json").read_text())
+        change(manifest)
+        (art / "manifest.json").write_text(json.dumps(manifest))
+        proc = translate(cpp_build, art, ["good dog"])
+        assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
+        assert message in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr

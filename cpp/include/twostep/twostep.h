@@ -77,7 +77,45 @@ struct TokenizerSpec {
   Ids drop_ids;                            // target ids left out of the text
   int64_t unk_id = 1;                      // the source id of a piece missing from source_vocab
   Ids trailing_space;                      // after a stretch of text ending in whitespace (NLLB's "▁")
+  // How target pieces become text: "sentencepiece" (SentencePiece joins them, "▁" left over becomes a space, the
+  // text stripped) or "argos" (as argostranslate: joined, then "▁" and "_" become spaces and one leading space
+  // goes, nothing else stripped).
+  std::string detokenize = "sentencepiece";
 };
+
+// How to decode. The fields that may be left "not given" (std::nullopt) take the model's decoding defaults
+// (Manifest::decoding, the manifest's "decoding" section), else twostep's defaults (the values noted): Python's
+// with_defaults, where a given value always wins.
+struct DecodeOptions {
+  std::optional<int> beam_size;  // 1: greedy (twostep's default)
+  std::optional<double> length_penalty;  // 1.0
+  std::optional<int> n_best;  // 1
+  // 0 or not given: the model's default, else min(max_positions, 2 * longest source in the batch + 16); as Python's
+  // None, a 0 given does not undo a default
+  std::optional<int> max_new_tokens;
+  // eos is out of the logits (out of the softmax, never picked) until a sentence has generated this many tokens,
+  // forced ones included: CTranslate2's min_decoding_length (0)
+  std::optional<int> min_new_tokens;
+  bool suppress_eos = false;  // never pick eos (fixed-length decoding, for benchmarks)
+  int batch_size = 32;        // sentences are sorted by length and decoded this many at a time
+  // Beam search's stopping rule ("n_best"). "n_best": a sentence is done once it has n_best finished hypotheses
+  // and its best live one cannot beat the worst of them. "transformers": as transformers' generate()
+  // (early_stopping false): beam_size finished hypotheses kept, and only an eos among a step's beam_size best
+  // candidates finishes one; what a model's transformers reference decodes. "ctranslate2": as CTranslate2's
+  // BeamSearch (patience 1): only a candidate among a step's beam_size best may finish, scored over its length
+  // with its eos, and a sentence is done once it has beam_size finished hypotheses (length_penalty 0: once its
+  // best candidate has ended and it has n_best), or at its limit, where the beam_size best candidates all finish;
+  // ids a step never picks are out of the softmax. What a CTranslate2 model (an Argos Translate package) decodes.
+  std::optional<std::string> beam_stop;
+  // A multilingual model's languages (Languages); empty: the model's default, if it has one. translate()
+  // uses both, decode_ids() and translate_ids() tgt_lang only (for the decoder's forced tokens).
+  std::string src_lang, tgt_lang;
+};
+
+// The options a decode runs with: `defaults` (a manifest's decoding section), each overridden by a value `given`
+// gives, the rest twostep's defaults, every field set (max_new_tokens: 0 for automatic) and checked. Python:
+// twostep.runtime.decoding.options.with_defaults. Errors: the given options' problems, on one line.
+DecodeOptions with_defaults(const DecodeOptions& defaults, const DecodeOptions& given);
 
 // What manifest.json says; read() checks the format, schema version and every file's sha256.
 struct Manifest {
@@ -88,6 +126,11 @@ struct Manifest {
   Ids never_generate;                         // target ids decoding never picks
   std::string dtype;                          // the graphs' float I/O: "float32" or "float16"
   std::optional<TokenizerSpec> tokenizer;     // none: token-id APIs only
+  // The model's decoding defaults (the manifest's optional "decoding" section: an Argos Translate package's beam 4,
+  // length_penalty 0.2, beam_stop ctranslate2, ...): what Model decodes with where a call leaves an option out.
+  // Keys and values checked as Python checks them. An unset field: the section does not name it.
+  DecodeOptions decoding;
+  bool samples = false;  // decoding.sampling is true: sampling, which this library does not do (decoding refuses)
   Languages languages;
   std::map<std::string, std::string> files;   // name -> sha256
   struct Graph {
@@ -124,23 +167,6 @@ struct Options {
   // "cpu" without io_binding, else the plain decoder; "concat": the plain decoder (decoder.onnx, whose Concat copies
   // the whole cache every step); "inplace": the in-place one, an error where it cannot be used.
   std::string kv_cache = "auto";
-};
-
-struct DecodeOptions {
-  int beam_size = 1;  // 1: greedy
-  double length_penalty = 1.0;
-  int n_best = 1;
-  int max_new_tokens = 0;  // 0: min(max_positions, 2 * longest source in the batch + 16)
-  bool suppress_eos = false;  // never pick eos (fixed-length decoding, for benchmarks)
-  int batch_size = 32;        // sentences are sorted by length and decoded this many at a time
-  // Beam search's stopping rule. "n_best": a sentence is done once it has n_best finished hypotheses and its
-  // best live one cannot beat the worst of them. "transformers": as transformers' generate() (early_stopping
-  // false): beam_size finished hypotheses kept, and only an eos among a step's beam_size best candidates
-  // finishes one; what a model's transformers reference decodes.
-  std::string beam_stop = "n_best";
-  // A multilingual model's languages (Languages); empty: the model's default, if it has one. translate()
-  // uses both, decode_ids() and translate_ids() tgt_lang only (for the decoder's forced tokens).
-  std::string src_lang, tgt_lang;
 };
 
 struct Hypothesis {
@@ -206,13 +232,14 @@ class Model {
   // One batch as given (no sorting, no input checks beyond the model's limits). forced[i]: the ids forced on
   // sentence i's decoder after its start id (empty, or fewer rows than sources: none).
   std::vector<Ids> greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos = false,
-                          const std::vector<Ids>& forced = {});
+                          const std::vector<Ids>& forced = {}, int min_new_tokens = 0);
   std::vector<std::vector<Hypothesis>> beam_search(const std::vector<Ids>& sources, int beam_size,
                                                    double length_penalty, int n_best, int max_new_tokens,
                                                    bool suppress_eos = false, const std::vector<Ids>& forced = {},
-                                                   const std::string& beam_stop = "n_best");
+                                                   const std::string& beam_stop = "n_best", int min_new_tokens = 0);
 
-  // Token ids in (as encode() gives them: language ids, pieces, suffix), best hypotheses out, in input order:
+  // Token ids in (as encode() gives them: language ids, pieces, suffix), best hypotheses out, in input order,
+  // decoded with with_defaults(manifest().decoding, options):
   // sorted into batches like the Python Translator, ids checked against the vocabulary and max_positions.
   // options.tgt_lang picks the ids forced on the decoder. on_step, if given, streams the decode (StepEvent,
   // no deltas); without it no step does any work for streaming.
