@@ -471,14 +471,15 @@ def worker_main(spec: dict) -> int:
 
 
 class Worker:
-    """One engine in its own process (its own interpreter for Optimum), loaded once."""
+    """One engine in its own process (its own interpreter for Optimum), loaded once: `python -m module --worker
+    SPEC`, that module's worker_main serving it (benchmarks/argos.py's workers are this module's too)."""
 
-    def __init__(self, name: str, python: str, spec: dict, log_path: Path):
+    def __init__(self, name: str, python: str, spec: dict, log_path: Path, module: str = "benchmarks.marian"):
         self.name = name
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.log = open(log_path, "w")  # closed in close()
         try:
-            self.proc = subprocess.Popen([python, "-m", "benchmarks.marian", "--worker", json.dumps(spec)],
+            self.proc = subprocess.Popen([python, "-m", module, "--worker", json.dumps(spec)],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                          env=env, cwd=REPO)
         except OSError:
@@ -500,10 +501,13 @@ class Worker:
             raise RuntimeError(f"the {self.name} worker ended (exit code {self.proc.returncode}):\n{tail}")
         return json.loads(line)
 
-    def run(self, batches: list[list[list[int]]], beam: int) -> tuple[float, list[list[int]]]:
-        self.proc.stdin.write(json.dumps({"batches": batches, "beam": beam}) + "\n")
+    def call(self, message: dict) -> dict:
+        self.proc.stdin.write(json.dumps(message) + "\n")
         self.proc.stdin.flush()
-        reply = self._read()
+        return self._read()
+
+    def run(self, batches: list[list[list[int]]], beam: int) -> tuple[float, list[list[int]]]:
+        reply = self.call({"batches": batches, "beam": beam})
         return reply["seconds"], reply["tokens"]
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 tests against `ctranslate2.Translator`; nothing is downloaded.
 
 - `opennmt_py_checkpoint`: an OpenNMT-py v3 checkpoint (the pre-norm Transformer that Argos Translate's models
-  are), written without OpenNMT-py: a small module below with OpenNMT-py's parameter names, trained a few steps on
+  are), written without OpenNMT-py: benchmarks/opennmt_py.py's module at a tiny size, trained a few steps on
   hf_models' sentences with the target word "chien" taught as <unk> (so that replace_unknowns has work to do).
 - `convert_opennmt_py`: `ctranslate2.converters.OpenNMTPyConverter` on it (float32 or int8, as argos-train does).
 - `marian_ct2`: hf_models' Marian directory through `ctranslate2.converters.TransformersConverter`.
@@ -12,10 +12,8 @@ tests against `ctranslate2.Translator`; nothing is downloaded.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import math
 import shutil
 import zipfile
 from pathlib import Path
@@ -23,161 +21,28 @@ from pathlib import Path
 import sentencepiece as spm
 
 import hf_models
+from benchmarks.opennmt_py import (  # noqa: F401 (EOS, SPECIALS, convert_opennmt_py: the fixtures')
+    BOS,
+    EOS,
+    PAD,
+    SPECIALS,
+    UNK,
+    Size,
+    build_model,
+    convert_opennmt_py,
+    init_glorot,
+    load_checkpoint,
+    save_checkpoint,
+)
 
-# OpenNMT-py v3's specials, first in its vocabularies in this order (onmt/inputters/inputter.py build_vocab's
-# special_tokens: DefaultTokens.UNK, PAD, BOS, EOS); CTranslate2's SequenceToSequenceModelConfig defaults name the same
-# unk_token "<unk>", bos_token "<s>", eos_token "</s>", and the converter's decoder_start_token is "<s>".
-SPECIALS = ["<unk>", "<blank>", "<s>", "</s>"]
-UNK, PAD, BOS, EOS = range(4)
-D_MODEL, N_HEADS, D_FF, N_LAYERS = 32, 4, 64, 2
-MAX_LEN = 5000  # OpenNMT-py's PositionalEncoding table length
+TINY = Size(d_model=32, n_heads=4, d_ff=64, n_layers=2)
 SPM_VOCAB = 80
 STEPS = 150
 SEED = 1  # seed 0 ignores its input more: most sentences come out as one training target
 UNK_WORDS = {"chien"}  # target words trained as <unk>: "dog" in a source sentence comes out as <unk>
 
 
-# ---- the model: OpenNMT-py's pre-norm Transformer, with its parameter names ----------------------------------------
-
-def sinusoids(max_len: int, dim: int):
-    """OpenNMT-py v3's PositionalEncoding table (SinusoidalInterleaved): sin on even, cos on odd dimensions,
-    kept as (max_len, 1, dim) "for back comp" (onmt/modules/embeddings.py)."""
-    import torch
-
-    position = torch.arange(0, max_len).unsqueeze(1).float()
-    div_term = torch.exp(torch.arange(0, dim, 2, dtype=torch.float) * -(math.log(10000.0) / dim))
-    pe = torch.zeros(max_len, dim)
-    pe[:, 0::2] = torch.sin(position * div_term)
-    pe[:, 1::2] = torch.cos(position * div_term)
-    return pe.unsqueeze(1)  # (max_len, 1, D)
-
-
-def build_model(vocab_size: int, add_qkvbias: bool):
-    """The module, built inside a function so that torch is imported only when a checkpoint is made."""
-    import torch
-    from torch import nn
-
-    class PositionalEncoding(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("pe", sinusoids(MAX_LEN, D_MODEL))
-
-    class Embeddings(nn.Module):
-        """x * sqrt(d_model) + pe: make_embedding.emb_luts.0 and make_embedding.pe, as OpenNMT-py names them."""
-
-        def __init__(self):
-            super().__init__()
-            self.make_embedding = nn.ModuleDict({
-                "emb_luts": nn.ModuleList([nn.Embedding(vocab_size, D_MODEL, padding_idx=PAD)]),
-                "pe": PositionalEncoding(),
-            })
-
-        def forward(self, ids):  # (B, T) -> (B, T, D)
-            emb = self.make_embedding["emb_luts"][0](ids) * math.sqrt(D_MODEL)
-            return emb + self.make_embedding["pe"].pe[: ids.shape[1], 0]
-
-    class MultiHeadedAttention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear_keys = nn.Linear(D_MODEL, D_MODEL, bias=add_qkvbias)
-            self.linear_values = nn.Linear(D_MODEL, D_MODEL, bias=add_qkvbias)
-            self.linear_query = nn.Linear(D_MODEL, D_MODEL, bias=add_qkvbias)
-            self.final_linear = nn.Linear(D_MODEL, D_MODEL, bias=add_qkvbias)
-
-        def forward(self, query, memory, mask):  # mask (B, 1 or Tq, Tk), True where attending is allowed
-            def heads(x):  # (B, T, D) -> (B, H, T, Dh)
-                return x.view(x.shape[0], x.shape[1], N_HEADS, D_MODEL // N_HEADS).transpose(1, 2)
-
-            q = heads(self.linear_query(query)) / math.sqrt(D_MODEL // N_HEADS)
-            k, v = heads(self.linear_keys(memory)), heads(self.linear_values(memory))
-            scores = (q @ k.transpose(2, 3)).masked_fill(~mask[:, None], float("-inf"))  # (B, H, Tq, Tk)
-            out = scores.softmax(-1) @ v  # (B, H, Tq, Dh)
-            return self.final_linear(out.transpose(1, 2).reshape(query.shape))  # (B, Tq, D)
-
-    class PositionwiseFeedForward(nn.Module):
-        """x + w_2(relu(w_1(layer_norm(x)))): the residual and its norm inside, as in OpenNMT-py."""
-
-        def __init__(self):
-            super().__init__()
-            self.w_1 = nn.Linear(D_MODEL, D_FF)
-            self.w_2 = nn.Linear(D_FF, D_MODEL)
-            self.layer_norm = nn.LayerNorm(D_MODEL, eps=1e-6)
-
-        def forward(self, x):
-            return x + self.w_2(torch.relu(self.w_1(self.layer_norm(x))))
-
-    class EncoderLayer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.self_attn = MultiHeadedAttention()
-            self.feed_forward = PositionwiseFeedForward()
-            self.layer_norm = nn.LayerNorm(D_MODEL, eps=1e-6)
-
-        def forward(self, x, mask):
-            h = self.layer_norm(x)
-            return self.feed_forward(x + self.self_attn(h, h, mask))
-
-    class DecoderLayer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.self_attn = MultiHeadedAttention()
-            self.context_attn = MultiHeadedAttention()
-            self.feed_forward = PositionwiseFeedForward()
-            self.layer_norm_1 = nn.LayerNorm(D_MODEL, eps=1e-6)
-            self.layer_norm_2 = nn.LayerNorm(D_MODEL, eps=1e-6)
-
-        def forward(self, y, memory, self_mask, src_mask):
-            h = self.layer_norm_1(y)
-            y = y + self.self_attn(h, h, self_mask)
-            y = y + self.context_attn(self.layer_norm_2(y), memory, src_mask)
-            return self.feed_forward(y)
-
-    class Encoder(nn.Module):
-        def __init__(self, embeddings):
-            super().__init__()
-            self.embeddings = embeddings
-            self.transformer = nn.ModuleList([EncoderLayer() for _ in range(N_LAYERS)])
-            self.layer_norm = nn.LayerNorm(D_MODEL, eps=1e-6)
-
-        def forward(self, src, src_mask):
-            x = self.embeddings(src)
-            for layer in self.transformer:
-                x = layer(x, src_mask)
-            return self.layer_norm(x)
-
-    class Decoder(nn.Module):
-        def __init__(self, embeddings):
-            super().__init__()
-            self.embeddings = embeddings
-            self.transformer_layers = nn.ModuleList([DecoderLayer() for _ in range(N_LAYERS)])
-            self.layer_norm = nn.LayerNorm(D_MODEL, eps=1e-6)
-
-        def forward(self, tgt, memory, src_mask):
-            causal = torch.ones(tgt.shape[1], tgt.shape[1], dtype=torch.bool).tril()[None]  # (1, T, T)
-            y = self.embeddings(tgt)
-            for layer in self.transformer_layers:
-                y = layer(y, memory, causal, src_mask)
-            return self.layer_norm(y)
-
-    class NMTModel(nn.Module):
-        """share_embeddings and share_decoder_embeddings, as argos-train's config.yml sets them: one embedding
-        for both sides, and the generator's weight is that embedding."""
-
-        def __init__(self):
-            super().__init__()
-            self.encoder = Encoder(Embeddings())
-            self.decoder = Decoder(Embeddings())
-            self.decoder.embeddings.make_embedding["emb_luts"][0].weight = \
-                self.encoder.embeddings.make_embedding["emb_luts"][0].weight
-            self.generator = nn.Linear(D_MODEL, vocab_size)
-            self.generator.weight = self.decoder.embeddings.make_embedding["emb_luts"][0].weight
-
-        def forward(self, src, tgt_in):  # (B, S), (B, T) -> logits (B, T, V)
-            src_mask = (src != PAD)[:, None]  # (B, 1, S)
-            return self.generator(self.decoder(tgt_in, self.encoder(src, src_mask), src_mask))
-
-    return NMTModel()
-
+# ---- the model: OpenNMT-py's pre-norm Transformer (benchmarks/opennmt_py.py), at TINY ------------------------------
 
 @contextlib.contextmanager
 def one_thread():
@@ -207,19 +72,6 @@ def piece_ids(sp: spm.SentencePieceProcessor, index: dict[str, int], text: str, 
     return ids
 
 
-def opt(add_qkvbias: bool) -> argparse.Namespace:
-    """The options of an OpenNMT-py v3 Transformer that CTranslate2's converter reads (check_opt and
-    _get_model_spec_seq2seq in ctranslate2/converters/opennmt_py.py), and a few more of its usual ones."""
-    return argparse.Namespace(
-        model_type="text", encoder_type="transformer", decoder_type="transformer", enc_layers=N_LAYERS,
-        dec_layers=N_LAYERS, heads=N_HEADS, hidden_size=D_MODEL, word_vec_size=D_MODEL, transformer_ff=D_FF,
-        position_encoding=True, max_relative_positions=0, pos_ffn_activation_fn="relu", self_attn_type="scaled-dot",
-        feat_merge="concat", lambda_align=0.0, multiquery=False, add_qkvbias=add_qkvbias, add_ffnbias=True,
-        layer_norm="standard", norm_eps=1e-6, share_embeddings=True, share_decoder_embeddings=True,
-        share_vocab=True, decoder_start_token="<s>", dropout=[0.0], attention_dropout=[0.0],
-    )
-
-
 def opennmt_py_checkpoint(out: Path, seed: int = SEED, add_qkvbias: bool = False, steps: int = STEPS) -> Path:
     """`out`/model.pt and the SentencePiece model it was trained with, `out`/sentencepiece.model. OpenNMT-py v3's
     default is attention without biases (add_qkvbias False); `add_qkvbias` True gives them to all four linears."""
@@ -239,11 +91,8 @@ def opennmt_py_checkpoint(out: Path, seed: int = SEED, add_qkvbias: bool = False
 
     src, tgt = padded(sources), padded(targets)
     torch.manual_seed(seed)
-    model = build_model(len(vocab), add_qkvbias)
-    with torch.no_grad():  # param_init_glorot, as argos-train trains
-        for p in model.parameters():
-            if p.dim() > 1:
-                torch.nn.init.xavier_uniform_(p)
+    model = build_model(len(vocab), TINY, add_qkvbias)
+    init_glorot(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     with one_thread():
         for _ in range(steps):
@@ -253,17 +102,7 @@ def opennmt_py_checkpoint(out: Path, seed: int = SEED, add_qkvbias: bool = False
             optimizer.step()
     model.eval()
 
-    state = model.state_dict()  # the tied embedding and generator weights one tensor, as OpenNMT-py saves them
-    checkpoint = {
-        "model": {k: v for k, v in state.items() if not k.startswith("generator.")},
-        "generator": {k.removeprefix("generator."): v for k, v in state.items() if k.startswith("generator.")},
-        "vocab": {"src": vocab, "tgt": vocab, "decoder_start_token": "<s>", "data_task": "seq2seq"},
-        "opt": opt(add_qkvbias),
-        "optim": None,
-    }
-    path = out / "model.pt"
-    torch.save(checkpoint, path)
-    return path
+    return save_checkpoint(model, vocab, TINY, add_qkvbias, out / "model.pt")
 
 
 def opennmt_py_greedy(ckpt: Path, spm_file: Path, sentences: list[str], max_length: int) -> list[list[str]]:
@@ -271,11 +110,7 @@ def opennmt_py_greedy(ckpt: Path, spm_file: Path, sentences: list[str], max_leng
     sentence's pieces up to </s> or `max_length` of them."""
     import torch
 
-    checkpoint = torch.load(ckpt, weights_only=False)
-    vocab = checkpoint["vocab"]["tgt"]
-    model = build_model(len(vocab), checkpoint["opt"].add_qkvbias).eval()
-    state = {**checkpoint["model"], **{f"generator.{k}": v for k, v in checkpoint["generator"].items()}}
-    model.load_state_dict(state)
+    model, vocab = load_checkpoint(ckpt)
     index = {p: i for i, p in enumerate(vocab)}
     sp = spm.SentencePieceProcessor(model_file=str(spm_file))
     answers = []
@@ -287,13 +122,6 @@ def opennmt_py_greedy(ckpt: Path, spm_file: Path, sentences: list[str], max_leng
                 tgt.append(int(model(src, torch.tensor([tgt]))[0, -1].argmax()))
         answers.append([vocab[i] for i in tgt[1:] if i != EOS])
     return answers
-
-
-def convert_opennmt_py(ckpt: Path, out: Path, quantization: str | None = None) -> Path:
-    """CTranslate2's OpenNMT-py converter, as ct2-opennmt-py-converter runs it (argos-train passes int8)."""
-    from ctranslate2.converters import OpenNMTPyConverter
-
-    return Path(OpenNMTPyConverter(str(ckpt), unsafe_deserialization=True).convert(str(out), quantization=quantization))
 
 
 def marian_ct2(out: Path, seed: int = 0) -> Path:
