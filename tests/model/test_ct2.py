@@ -273,3 +273,9 @@ def test_a_package_without_from_code_is_refused(ct2_models, tmp_path):
     del metadata["from_code"]
     (package / "metadata.json").write_text(json.dumps(metadata))
     bad_import(package, tmp_path, "no from_code")
+
+
+def test_a_corrupt_package_file_is_refused(tmp_path):
+    package = tmp_path / "translate-en_fr-1_0.argosmodel"
+    package.write_bytes(b"PK\x03\x04 not really a zip")
+    bad_import(package, tmp_path, "not a readable zip file")

@@ -29,10 +29,20 @@ DECODING = {"beam_size": 4, "length_penalty": 0.2, "beam_stop": "ctranslate2", "
 
 
 def is_package(src: Path) -> bool:
-    """A zip file, or a folder (or a folder holding one folder) with metadata.json and model/."""
+    """An .argosmodel file, a zip file with metadata.json in it or its one folder (a torch.save file is a zip
+    too), or a folder (or a folder holding one folder) with metadata.json and model/."""
     if src.is_file():
-        return zipfile.is_zipfile(src)
+        return src.suffix == ".argosmodel" or zipfile.is_zipfile(src) and has_metadata(src)
     return src.is_dir() and package_folder(src) is not None
+
+
+def has_metadata(src: Path) -> bool:
+    try:
+        with zipfile.ZipFile(src) as archive:
+            return any(PurePosixPath(n).name == "metadata.json" and len(PurePosixPath(n).parts) <= 2
+                       for n in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
 
 
 def package_folder(src: Path) -> Path | None:
