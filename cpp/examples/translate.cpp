@@ -15,6 +15,7 @@ const char* kUsage =
     "                         [--suppress-eos] [--batch-size N] [--warmup N --repeat N]\n"
     "                         [--beam-stop n_best|transformers|ctranslate2] [--min-new-tokens N]\n"
     "                         [--src-lang CODE] [--tgt-lang CODE] [--stream] [--kv-cache auto|inplace|concat]\n"
+    "                         [--replace-unknowns | --keep-unknowns]\n"
     "Reads one sentence a line from stdin (with --ids: space-separated token ids ending with eos) and prints\n"
     "one line per input: the translation, or with --n-best N the N best, tab-separated (--scores: each\n"
     "preceded by its score and a space). --repeat N decodes the input N more times after --warmup runs and\n"
@@ -23,7 +24,9 @@ const char* kUsage =
     "one, on the CPU without --io-binding; concat: the plain one). --src-lang and --tgt-lang pick a multilingual\n"
     "model's languages (with --ids only --tgt-lang counts: the source ids are taken as given). --beam-stop\n"
     "transformers stops beam search as transformers' generate() does, ctranslate2 as CTranslate2 does.\n"
-    "--min-new-tokens N keeps eos out until N tokens are generated. The decoding options not given are the\n"
+    "--min-new-tokens N keeps eos out until N tokens are generated. --replace-unknowns puts in place of each\n"
+    "<unk> the source piece the model's alignment weighs most (a model imported from CTranslate2 or Argos\n"
+    "Translate); --keep-unknowns leaves them as decoded (out of the text). The decoding options not given are the\n"
     "artifact's decoding defaults (manifest.json \"decoding\"; an Argos Translate package's beam 4, ...), else\n"
     "twostep's (greedy). --stream prints the decode as it goes\n"
     "instead, one JSON object a line: {\"sentence\": I, \"delta\": TEXT, \"finished\": BOOL} (with --ids\n"
@@ -121,6 +124,8 @@ int main(int argc, char** argv) {
       else if (arg == "--src-lang") decode.src_lang = value();
       else if (arg == "--tgt-lang") decode.tgt_lang = value();
       else if (arg == "--suppress-eos") decode.suppress_eos = true;
+      else if (arg == "--replace-unknowns") decode.replace_unknowns = true;
+      else if (arg == "--keep-unknowns") decode.replace_unknowns = false;
       else if (arg == "--io-binding") options.io_binding = true;
       else if (arg == "--ids") ids_mode = true;
       else if (arg == "--scores") scores = true;
@@ -158,7 +163,7 @@ int main(int argc, char** argv) {
       for (size_t h = 0; h < hyps.size(); ++h) {
         if (h) std::cout << '\t';
         if (scores) std::cout << score_text(hyps[h].score) << ' ';
-        std::cout << (ids_mode ? ids_text(hyps[h].tokens) : model.decode(hyps[h].tokens));
+        std::cout << (ids_mode ? ids_text(hyps[h].tokens) : model.decode(hyps[h]));
       }
       std::cout << '\n';
     }

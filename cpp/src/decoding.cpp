@@ -404,6 +404,7 @@ DecodeOptions with_defaults(const DecodeOptions& defaults, const DecodeOptions& 
   if (!o.max_new_tokens || *o.max_new_tokens == 0) o.max_new_tokens = defaults.max_new_tokens.value_or(0);
   if (!o.min_new_tokens) o.min_new_tokens = defaults.min_new_tokens.value_or(0);
   if (!o.beam_stop) o.beam_stop = defaults.beam_stop.value_or("n_best");
+  if (!o.replace_unknowns) o.replace_unknowns = defaults.replace_unknowns.value_or(false);
   const std::vector<std::string> problems = detail::option_problems(o, true);
   std::string message;
   for (const std::string& p : problems) message += (message.empty() ? "" : "; ") + p;

@@ -45,6 +45,7 @@ class InplaceSession final : public PlainSession {
   void take_rows(const std::vector<int64_t>& keep);
   Ort::Value zeros(const std::vector<int64_t>& shape);
   void run(const Ids& tokens);
+  int64_t empty_capacity(int64_t new_len) const override { return new_len; }
 
   int64_t capacity_ = 0;
   Ort::Value top_logits{nullptr}, top_ids{nullptr}, log_norm{nullptr};

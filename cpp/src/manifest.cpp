@@ -259,7 +259,7 @@ DecodeOptions read_decoding(const json& data, const std::string& where, bool& sa
   static const std::vector<std::pair<std::string, std::string>> kFields = {
       {"beam_size", "int"}, {"n_best", "int"}, {"length_penalty", "float"}, {"beam_stop", "str"},
       {"max_new_tokens", "int"}, {"min_new_tokens", "int"}, {"sampling", "bool"}, {"temperature", "float"},
-      {"top_k", "int"}, {"top_p", "float"}};
+      {"top_k", "int"}, {"top_p", "float"}, {"replace_unknowns", "bool"}};
   std::string problems, known;
   for (const auto& field : kFields) known += (known.empty() ? "" : ", ") + field.first;
   auto problem = [&](const std::string& text) { problems += (problems.empty() ? "" : "; ") + text; };
@@ -287,6 +287,7 @@ DecodeOptions read_decoding(const json& data, const std::string& where, bool& sa
     else if (key == "max_new_tokens") out.max_new_tokens = value.get<int>();
     else if (key == "min_new_tokens") out.min_new_tokens = value.get<int>();
     else if (key == "sampling") samples = value.get<bool>();
+    else if (key == "replace_unknowns") out.replace_unknowns = value.get<bool>();
   }
   if (!problems.empty())
     throw Error(where + ": malformed manifest (decoding: " + problems + "; known options: " + known + ")");
@@ -558,6 +559,8 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
     const json start = model.value("decoder_start_id", json());  // absent (schema 2) or null: bos
     m.decoder_start_id = start.is_null() ? m.bos_id : start.get<int64_t>();
     m.never_generate = model.value("never_generate", json::array()).get<Ids>();
+    m.alignment_heads = model.value("alignment_heads", int64_t{0});  // absent (before alignment heads): none
+    m.alignment_layer = model.value("alignment_layer", int64_t{-1});
     m.dtype = j.at("dtype").get<std::string>();
     const json tokenizer = j.value("tokenizer", json());
     if (tokenizer.is_null()) {
@@ -586,6 +589,7 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
     m.head_dim_v = kv_shape(j["graphs"]["decoder"], "past_value_self_0", where).at(3).get<int64_t>();
     for (const auto& t : j["graphs"]["decoder"].at("outputs"))
       if (t.at("name") == "top_ids") m.search_width = t.at("shape").at(1).get<int64_t>();
+      else if (t.at("name") == "alignment") m.alignment = true;
     m.files = j.at("files").get<std::map<std::string, std::string>>();
     m.decoding = read_decoding(j.value("decoding", json()), where, m.samples);
   } catch (const json::exception& e) {
@@ -594,6 +598,10 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
   if (m.src_vocab_size <= 0 || m.tgt_vocab_size <= 0 || m.max_positions <= 0 || m.n_heads <= 0 ||
       m.head_dim_k <= 0 || m.head_dim_v <= 0 || m.search_width < 0 || m.search_width > m.tgt_vocab_size)
     throw Error(where + ": malformed manifest (sizes must be positive)");
+  if (m.alignment != (m.alignment_heads > 0))
+    throw Error(where + ": malformed manifest (model.alignment_heads is " + std::to_string(m.alignment_heads) +
+                (m.alignment ? " but" : " and") + " the decoder " + (m.alignment ? "has" : "lacks") +
+                " the alignment output; re-export the artifact)");
   check_ids(m, where);
   // Every file the runtime opens is listed and hashed; every listed name stays inside the directory.
   for (const std::string& name : opened_files(m)) {

@@ -1,8 +1,12 @@
 // Model: the artifact's step session (session.h) and the Translator's batching (twostep/runtime/translator.py);
 // text goes through its Tokenizer (tokenizer.cpp).
 #include <algorithm>
+#include <deque>
+#include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "decoding.h"
@@ -16,6 +20,8 @@ namespace fs = std::filesystem;
 using detail::ort_errors;
 
 namespace {
+constexpr size_t kSurfaces = 4096;  // sentences whose pieces Model::encode keeps for replace_unknowns, the latest
+
 // Whether to decode with the artifact's in-place decoder (Options::kv_cache). Python: OrtBackend's kv_cache; as its
 // ort-cuda runs the plain decoder, so does the bound path here.
 bool decodes_in_place(const Manifest& m, const Options& o) {
@@ -37,8 +43,11 @@ struct Model::Impl {
   Manifest m;
   Ort::Env env{ORT_LOGGING_LEVEL_WARNING, "twostep"};
   std::optional<Tokenizer> tokenizer;
-  std::unique_ptr<detail::StepSession> session;  // what the decoding loop runs
-  std::string decoder;                           // the graph it runs: "decoder", or the in-place decoder's name
+  std::unique_ptr<detail::PlainSession> session;  // what the decoding loop runs (and replace_unknowns' alignment)
+  std::string decoder;                            // the graph it runs: "decoder", or the in-place decoder's name
+  // The pieces of encode()'s latest sentences that hold unk_id, by their ids (Python: Translator.surfaces).
+  std::map<Ids, std::vector<std::string>> surfaces;
+  std::deque<Ids> surface_order;  // oldest first
 
   detail::Specials specials() const { return {m.decoder_start_id, m.eos_id, m.pad_id, m.never_generate}; }
 
@@ -58,6 +67,66 @@ struct Model::Impl {
                   "sentencepiece.bpe.model");
     if (!tokenizer) throw Error("this model has no tokenizer: text translation needs one (token-id APIs work without)");
     return *tokenizer;
+  }
+
+  // Where `text`'s ids hold unk_id: its pieces kept, for replace_unknowns to copy a piece the vocabulary lacks.
+  void keep_surfaces(const Ids& ids, const std::string& text, const std::string& src_lang,
+                     const std::string& tgt_lang) {
+    if (std::find(ids.begin(), ids.end(), m.unk_id) == ids.end()) return;
+    auto [again, pieces] = tokenizer->source_tokens(text, src_lang, tgt_lang);
+    if (again != ids) return;
+    auto [at, added] = surfaces.insert_or_assign(ids, std::move(pieces));  // the latest text's pieces
+    if (added) surface_order.push_back(ids);
+    while (surfaces.size() > kSurfaces) surfaces.erase(surface_order.front()), surface_order.pop_front();
+  }
+
+  // Where a sentence's own pieces are among its source ids: after its language ids, before the suffix.
+  // Python: Translator.source_span.
+  std::pair<size_t, size_t> source_span(const Ids& ids) const {
+    if (!m.tokenizer) return {0, ids.size()};
+    std::set<int64_t> languages;
+    for (const auto& [code, lang] : m.languages.source) languages.insert(lang.begin(), lang.end());
+    for (const auto& [code, lang] : m.languages.target) languages.insert(lang.source.begin(), lang.source.end());
+    size_t lead = 0;
+    while (lead < ids.size() && languages.count(ids[lead])) ++lead;
+    const Ids& suffix = m.tokenizer->source_suffix;
+    size_t end = ids.size();
+    if (!suffix.empty() && suffix.size() <= ids.size() && std::equal(suffix.begin(), suffix.end(), ids.end() - suffix.size()))
+      end -= suffix.size();
+    return {lead, std::max(end, lead + 1)};
+  }
+
+  // Each hypothesis holding unk_id gets its replacements, as CTranslate2 makes them: the source piece at the
+  // position the decoder's alignment (one teacher-forced run of the hypothesis, apart from any batch) weighs most
+  // at that token, among the sentence's own pieces. Python: Translator.replace_unknowns.
+  void replace_unknowns(const std::vector<Ids>& sources, std::vector<std::vector<Hypothesis>>& results,
+                        const Ids& forced) {
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const auto [lead, end] = source_span(sources[i]);
+      const auto known = surfaces.find(sources[i]);
+      const size_t width = sources[i].size();
+      for (Hypothesis& h : results[i]) {
+        if (std::find(h.tokens.begin(), h.tokens.end(), m.unk_id) == h.tokens.end()) continue;
+        Ids targets{m.decoder_start_id};
+        targets.insert(targets.end(), forced.begin(), forced.end());
+        targets.insert(targets.end(), h.tokens.begin(), h.tokens.end() - 1);
+        const std::vector<float> alignment =
+            ort_errors("replace_unknowns", [&] { return session->alignment(sources[i], targets); });
+        h.replacements.clear();
+        for (size_t k = 0; k < h.tokens.size(); ++k) {
+          if (h.tokens[k] != m.unk_id) continue;
+          const float* row = alignment.data() + (forced.size() + k) * width;
+          const size_t pos = static_cast<size_t>(std::max_element(row + lead, row + end) - row);  // the first max
+          std::optional<std::string> piece;
+          if (known != surfaces.end()) {
+            if (!known->second[pos].empty()) piece = known->second[pos];
+          } else if (tokenizer) {
+            piece = tokenizer->source_piece(sources[i][pos]);
+          }
+          if (piece) h.replacements.emplace_back(k, std::move(*piece));
+        }
+      }
+    }
   }
 
   void check_ids(const std::vector<Ids>& sources) const {
@@ -171,6 +240,7 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
     }
     for (size_t i = start; i < end; ++i) results[order[i]] = std::move(outs[i - start]);
   }
+  if (*o.replace_unknowns) impl_->replace_unknowns(sources, results, forced_ids);
   return results;
 }
 
@@ -183,13 +253,20 @@ std::vector<Ids> Model::translate_ids(const std::vector<Ids>& sources, const Dec
 }
 
 Ids Model::encode(const std::string& text, const std::string& src_lang, const std::string& tgt_lang) const {
-  return impl_->text_tokenizer().encode(text, src_lang, tgt_lang);
+  Ids ids = impl_->text_tokenizer().encode(text, src_lang, tgt_lang);
+  impl_->keep_surfaces(ids, text, src_lang, tgt_lang);
+  return ids;
 }
 std::vector<Ids> Model::encode(const std::vector<std::string>& texts, const std::string& src_lang,
                                const std::string& tgt_lang) const {
-  return impl_->text_tokenizer().encode(texts, src_lang, tgt_lang);
+  std::vector<Ids> out = impl_->text_tokenizer().encode(texts, src_lang, tgt_lang);
+  for (size_t i = 0; i < out.size(); ++i) impl_->keep_surfaces(out[i], texts[i], src_lang, tgt_lang);
+  return out;
 }
 std::string Model::decode(const Ids& ids) const { return impl_->text_tokenizer().decode(ids); }
+std::string Model::decode(const Hypothesis& hypothesis) const {
+  return impl_->text_tokenizer().decode(hypothesis.tokens, hypothesis.replacements);
+}
 
 std::vector<std::string> Model::translate(const std::vector<std::string>& texts, const DecodeOptions& options,
                                           const StepCallback& on_step) {
@@ -206,7 +283,8 @@ std::vector<std::string> Model::translate(const std::vector<std::string>& texts,
     };
   }
   std::vector<std::string> out;
-  for (const auto& ids : translate_ids(sources, options, with_deltas)) out.push_back(decode(ids));
+  for (const auto& hyps : decode_ids(sources, options, with_deltas))
+    out.push_back(hyps.empty() ? decode(Ids{}) : decode(hyps[0]));
   return out;
 }
 

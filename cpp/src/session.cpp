@@ -172,17 +172,20 @@ PlainSession::PlainSession(Ort::Env& env, const Manifest& manifest, const Manife
   else if (m.dtype != "float32") throw Error((m.dir / "manifest.json").string() + ": unsupported dtype " + m.dtype);
 
   enc_in = c_strs(m.encoder.inputs), enc_out = c_strs(m.encoder.outputs);
-  dec_in = c_strs(g.inputs), dec_out = c_strs(g.outputs);
+  dec_in = c_strs(g.inputs);
+  std::vector<std::string> step_outputs;  // what a step fetches: every output but the alignment
+  for (const std::string& name : g.outputs)
+    if (name != "alignment") step_outputs.push_back(name), dec_out.push_back(name.c_str());
   if (m.encoder.inputs.size() != 2) throw Error("encoder graph: expected inputs input_ids and attention_mask");
   enc_ids = index_of(m.encoder.inputs, "input_ids", "encoder");
   index_of(m.encoder.inputs, "attention_mask", "encoder");
   ids_slot = index_of(g.inputs, "input_ids", graph);
   mask_slot = index_of(g.inputs, "encoder_attention_mask", graph);
   lengths_slot = index_of(g.inputs, "past_lengths", graph);
-  logits_out = index_of(g.outputs, "logits", graph);
-  searches = m.search_width > 0 && std::count(g.outputs.begin(), g.outputs.end(), "top_ids");
+  logits_out = index_of(step_outputs, "logits", graph);
+  searches = m.search_width > 0 && std::count(step_outputs.begin(), step_outputs.end(), "top_ids");
   if (searches) {
-    std::vector<std::string> outputs = g.outputs;
+    std::vector<std::string> outputs = step_outputs;
     outputs.erase(outputs.begin() + static_cast<std::ptrdiff_t>(logits_out));
     for (size_t i = 0; i < dec_out.size(); ++i)
       if (i != logits_out) dec_out_search.push_back(dec_out[i]);
@@ -195,7 +198,7 @@ PlainSession::PlainSession(Ort::Env& env, const Manifest& manifest, const Manife
     if (i == ids_slot || i == mask_slot || i == lengths_slot) continue;
     const std::string present = "present_" + name.substr(name.rfind("past_", 0) == 0 ? 5 : 0);
     if (name.rfind("past_", 0) == 0 && name.find("_self_") != std::string::npos)
-      self_slots.emplace_back(i, index_of(g.outputs, present, graph));
+      self_slots.emplace_back(i, index_of(step_outputs, present, graph));
     else if (name.rfind("past_", 0) == 0 && name.find("_cross_") != std::string::npos)
       cross_slots.emplace_back(i, index_of(m.encoder.outputs, present, "encoder"));
     else
@@ -355,6 +358,45 @@ float* PlainSession::step(const Ids& tokens) {
   if (logits.GetTensorTypeAndShapeInfo().GetShape() != std::vector<int64_t>{rows, 1, m.tgt_vocab_size})
     throw Error(graph + " graph: logits shape does not match [batch, 1, tgt_vocab_size] of the manifest");
   return floats(logits, logits_f32);
+}
+
+std::vector<float> PlainSession::alignment(const Ids& source, const Ids& targets) {
+  if (!m.alignment)
+    throw Error("this model's decoder gives no alignment (replace_unknowns needs a model imported with alignment "
+                "heads: a CTranslate2 model or Argos package)");
+  const auto width = static_cast<int64_t>(source.size()), length = static_cast<int64_t>(targets.size());
+  check_positions(length);
+  Ort::Value enc_feeds[2] = {tensor({1, width}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64),
+                             tensor({1, width}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64)};
+  std::copy(source.begin(), source.end(), enc_feeds[enc_ids].GetTensorMutableData<int64_t>());
+  std::fill_n(enc_feeds[1 - enc_ids].GetTensorMutableData<int64_t>(), width, 1);
+  auto enc = ort_errors("encoder graph", [&] {
+    return encoder.Run(Ort::RunOptions{nullptr}, enc_in.data(), enc_feeds, enc_in.size(), enc_out.data(),
+                       enc_out.size());
+  });
+  std::vector<Ort::Value> in;
+  for (size_t i = 0; i < dec_in.size(); ++i) in.emplace_back(nullptr);
+  in[ids_slot] = tensor({1, length}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+  std::copy(targets.begin(), targets.end(), in[ids_slot].GetTensorMutableData<int64_t>());
+  in[lengths_slot] = tensor({1}, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+  *in[lengths_slot].GetTensorMutableData<int64_t>() = 0;
+  in[mask_slot] = std::move(enc_feeds[1 - enc_ids]);
+  for (const auto& [slot, out] : cross_slots) in[slot] = std::move(enc[out]);
+  for (const auto& [slot, out] : self_slots) {  // empty: zeros of the capacity the graph takes
+    const bool key = std::strstr(dec_in[slot], "_key_") != nullptr;
+    in[slot] = tensor({1, m.n_heads, empty_capacity(length), key ? m.head_dim_k : m.head_dim_v}, float_type);
+    const size_t bytes = in[slot].GetTensorTypeAndShapeInfo().GetElementCount() * element_size(float_type);
+    if (bytes) std::memset(in[slot].GetTensorMutableRawData(), 0, bytes);
+  }
+  const char* name = "alignment";
+  auto out = ort_errors(graph + " graph", [&] {
+    return decoder.Run(Ort::RunOptions{nullptr}, dec_in.data(), in.data(), in.size(), &name, 1);
+  });
+  if (out[0].GetTensorTypeAndShapeInfo().GetShape() != std::vector<int64_t>{1, length, width})
+    throw Error(graph + " graph: alignment shape does not match [batch, new_len, src_len] of the manifest");
+  std::vector<float> widened;
+  const float* data = floats(out[0], widened);
+  return std::vector<float>(data, data + length * width);
 }
 
 void PlainSession::expand(const std::vector<int64_t>& keep) {

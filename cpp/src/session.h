@@ -54,6 +54,12 @@ class PlainSession : public StepSession {
   int64_t vocab() const override { return m.tgt_vocab_size; }
   int64_t search_width() const override { return searches ? m.search_width : 0; }
 
+  // The decoder's alignment output (Manifest::alignment) for `targets` fed at once from the start on `source`, on an
+  // empty cache of its own: (targets.size() x source.size()) float32, row-major, row t the source attention of the
+  // step that predicts the token after targets[t]. Its own tensors and a plain Run that asks for the alignment
+  // alone: the batch being decoded stays as it is. Python: RowSession.alignment.
+  std::vector<float> alignment(const Ids& source, const Ids& targets);
+
  protected:
   Ort::Value tensor(const std::vector<int64_t>& shape, ONNXTensorElementDataType type);
   // Rows `rows` of a tensor along axis 0, copied into a new tensor (bound: by a Gather where it lives).
@@ -61,13 +67,16 @@ class PlainSession : public StepSession {
   // A float output as float32: its own data, or (float16 graphs) widened into `widened`.
   float* floats(Ort::Value& value, std::vector<float>& widened);
   void check_positions(int64_t positions) const;
+  // The self-attention cache's positions on an empty cache fed `new_len` tokens at once: the plain decoder's past
+  // is empty, the in-place decoder's buffer holds them.
+  virtual int64_t empty_capacity(int64_t new_len) const { (void)new_len; return 0; }
 
   const Manifest& m;
   std::string graph;  // the decoder's name, for errors
   Ort::Session encoder{nullptr}, decoder{nullptr};
   Ort::AllocatorWithDefaultOptions alloc;
   ONNXTensorElementDataType float_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  std::vector<const char*> enc_in, enc_out, dec_in, dec_out;
+  std::vector<const char*> enc_in, enc_out, dec_in, dec_out;  // dec_out: a step's, without the alignment
   // The decoder's outputs but the logits, and where the search outputs are among them (Manifest::search_width).
   bool searches = false;
   std::vector<const char*> dec_out_search;

@@ -84,6 +84,7 @@ struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor source, target;
   std::optional<std::unordered_map<std::string, int64_t>> source_ids;   // source_vocab; none: source's own ids
   std::optional<std::unordered_map<int64_t, std::string>> target_pieces;  // target_vocab inverted; none: target's
+  std::optional<std::unordered_map<int64_t, std::string>> source_pieces;  // source_vocab inverted; none: source's
   std::vector<std::pair<std::string, int64_t>> specials;  // special pieces and their ids, longest first
   std::unordered_set<int64_t> drop;
 
@@ -102,20 +103,25 @@ struct Tokenizer::Impl {
   }
 
   // One stretch of text without special pieces, through SentencePiece; spec.trailing_space after it where it
-  // ends in whitespace (twostep/runtime/tokenizer.py's WHITESPACE).
-  void append_chunk(const std::string& chunk, Ids& out) const {
+  // ends in whitespace (twostep/runtime/tokenizer.py's WHITESPACE). `surfaces`, if given: each id's piece.
+  void append_chunk(const std::string& chunk, Ids& out, std::vector<std::string>* surfaces) const {
     if (chunk.empty()) return;
+    std::vector<std::string> pieces;
+    if (source_ids || surfaces) {
+      if (auto status = source.Encode(chunk, &pieces); !status.ok()) throw Error("tokenizer: " + status.ToString());
+    }
     if (!source_ids) {
       std::vector<int> ids;
       if (auto status = source.Encode(chunk, &ids); !status.ok()) throw Error("tokenizer: " + status.ToString());
       out.insert(out.end(), ids.begin(), ids.end());
     } else {
-      std::vector<std::string> pieces;
-      if (auto status = source.Encode(chunk, &pieces); !status.ok()) throw Error("tokenizer: " + status.ToString());
       for (const std::string& piece : pieces) out.push_back(piece_id(piece));
     }
-    if (std::string(" \t\n\r\f\v").find(chunk.back()) != std::string::npos)
+    if (surfaces) surfaces->insert(surfaces->end(), pieces.begin(), pieces.end());
+    if (std::string(" \t\n\r\f\v").find(chunk.back()) != std::string::npos) {
       out.insert(out.end(), spec.trailing_space.begin(), spec.trailing_space.end());
+      if (surfaces) surfaces->insert(surfaces->end(), spec.trailing_space.size(), kWordBoundary);
+    }
   }
 
   // The source language's ids, then the target language's source ids (the defaults where none is given).
@@ -129,7 +135,7 @@ struct Tokenizer::Impl {
 
   // Special pieces wherever they are in the text (the longest where several start at one place), each its
   // own id; SentencePiece for the stretches between them.
-  Ids pieces(const std::string& text) const {
+  Ids pieces(const std::string& text, std::vector<std::string>* surfaces = nullptr) const {
     Ids out;
     size_t chunk = 0;  // where the text not yet tokenized starts
     for (size_t at = 0; at < text.size();) {
@@ -138,35 +144,56 @@ struct Tokenizer::Impl {
         ++at;
         continue;
       }
-      append_chunk(text.substr(chunk, at - chunk), out);
+      append_chunk(text.substr(chunk, at - chunk), out, surfaces);
       out.push_back(special->second);
+      if (surfaces) surfaces->push_back(special->first);
       at += special->first.size();
       chunk = at;
     }
-    append_chunk(text.substr(chunk), out);
+    append_chunk(text.substr(chunk), out, surfaces);
     return out;
   }
 
-  Ids sentence(const Ids& prefix, const std::string& text) const {
+  // prefix, the text's pieces, the suffix; `surfaces`, if given: the piece each id is ("" for prefix and suffix).
+  Ids sentence(const Ids& prefix, const std::string& text, std::vector<std::string>* surfaces = nullptr) const {
     Ids ids = prefix;
-    append(ids, pieces(text));
+    if (surfaces) surfaces->assign(prefix.size(), "");
+    append(ids, pieces(text, surfaces));
     append(ids, spec.source_suffix);
+    if (surfaces) surfaces->resize(ids.size());
     return ids;
+  }
+
+  // The piece of a target id; none for an id without one (not in the target table, outside the target model).
+  std::optional<std::string> target_piece(int64_t id) const {
+    if (target_pieces) {
+      if (const auto it = target_pieces->find(id); it != target_pieces->end()) return it->second;
+    } else if (id >= 0 && id < target.GetPieceSize()) {
+      return target.IdToPiece(static_cast<int>(id));
+    }
+    return std::nullopt;
   }
 
   // The pieces of the ids that are not dropped; ids without a piece (not in the target table, outside the
   // target SentencePiece model) are left out too.
   std::vector<std::string> target_pieces_of(const Ids& ids) const {
     std::vector<std::string> out;
-    for (int64_t id : ids) {
-      if (drop.count(id)) continue;
-      if (target_pieces) {
-        if (const auto it = target_pieces->find(id); it != target_pieces->end()) out.push_back(it->second);
-      } else if (id >= 0 && id < target.GetPieceSize()) {
-        out.push_back(target.IdToPiece(static_cast<int>(id)));
-      }
-    }
+    for (int64_t id : ids)
+      if (!drop.count(id))
+        if (auto piece = target_piece(id)) out.push_back(std::move(*piece));
     return out;
+  }
+
+  // Target pieces as text, as spec.detokenize says.
+  std::string join(const std::vector<std::string>& pieces) const {
+    std::string text;
+    if (auto status = target.Decode(pieces, &text); !status.ok()) throw Error("tokenizer: " + status.ToString());
+    replace_all(text, kWordBoundary, " ");  // pieces the target model does not know come back as they are
+    if (spec.detokenize == "argos") {  // argostranslate's SentencePieceTokenizer.decode, then its lstrip of one
+      replace_all(text, "_", " ");
+      return text.rfind(' ', 0) == 0 ? text.substr(1) : text;
+    }
+    return python_strip(text);
   }
 };
 
@@ -185,8 +212,9 @@ Tokenizer Tokenizer::load(const Manifest& manifest) {
   load_model(x.source, manifest.dir / x.spec.source_model);
   load_model(x.target, manifest.dir / x.spec.target_model);
   if (!x.spec.source_vocab.empty()) {
-    x.source_ids.emplace();
-    for (const auto& [piece, id] : read_vocab(manifest.dir / x.spec.source_vocab)) (*x.source_ids)[piece] = id;
+    x.source_ids.emplace(), x.source_pieces.emplace();
+    for (const auto& [piece, id] : read_vocab(manifest.dir / x.spec.source_vocab))  // an id's last piece wins
+      (*x.source_ids)[piece] = id, (*x.source_pieces)[id] = piece;
   }
   if (!x.spec.target_vocab.empty()) {
     x.target_pieces.emplace();
@@ -217,16 +245,36 @@ std::vector<Ids> Tokenizer::encode(const std::vector<std::string>& texts, const 
   return out;
 }
 
-std::string Tokenizer::decode(const Ids& ids) const {
-  std::string text;
-  if (auto status = impl_->target.Decode(impl_->target_pieces_of(ids), &text); !status.ok())
-    throw Error("tokenizer: " + status.ToString());
-  replace_all(text, kWordBoundary, " ");  // pieces the target model does not know come back as they are
-  if (impl_->spec.detokenize == "argos") {  // argostranslate's SentencePieceTokenizer.decode, then its lstrip of one
-    replace_all(text, "_", " ");
-    return text.rfind(' ', 0) == 0 ? text.substr(1) : text;
+std::pair<Ids, std::vector<std::string>> Tokenizer::source_tokens(const std::string& text, const std::string& src_lang,
+                                                                   const std::string& tgt_lang) const {
+  if (blank(text)) throw Error("empty input sentence");
+  std::vector<std::string> surfaces;
+  Ids ids = impl_->sentence(impl_->language_ids(src_lang, tgt_lang), text, &surfaces);
+  return {std::move(ids), std::move(surfaces)};
+}
+
+std::optional<std::string> Tokenizer::source_piece(int64_t id) const {
+  if (!impl_->source_ids) {
+    if (id < 0 || id >= impl_->source.GetPieceSize()) return std::nullopt;
+    return impl_->source.IdToPiece(static_cast<int>(id));
   }
-  return python_strip(text);
+  const auto it = impl_->source_pieces->find(id);
+  return it == impl_->source_pieces->end() ? std::nullopt : std::optional<std::string>(it->second);
+}
+
+std::string Tokenizer::decode(const Ids& ids) const { return impl_->join(impl_->target_pieces_of(ids)); }
+
+std::string Tokenizer::decode(const Ids& ids, const std::vector<std::pair<size_t, std::string>>& replacements) const {
+  if (replacements.empty()) return decode(ids);
+  std::unordered_map<size_t, const std::string*> at;
+  for (const auto& [k, piece] : replacements) at[k] = &piece;
+  std::vector<std::string> pieces;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (const auto it = at.find(k); it != at.end()) pieces.push_back(*it->second);
+    else if (!impl_->drop.count(ids[k]))
+      if (auto piece = impl_->target_piece(ids[k])) pieces.push_back(std::move(*piece));
+  }
+  return impl_->join(pieces);
 }
 
 }  // namespace twostep

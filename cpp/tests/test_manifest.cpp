@@ -534,13 +534,29 @@ TEST_CASE("tokenizer: an unknown detokenize is one Error") {
   CHECK(!contains(error, "\n"));
 }
 
+TEST_CASE("alignment heads: the model's, and the decoder's alignment output that only replace_unknowns fetches") {
+  Artifact a;
+  twostep::Manifest m = twostep::Manifest::read(a.dir);
+  CHECK((m.alignment_heads == 0 && m.alignment_layer == -1 && !m.alignment));  // absent: none
+  a.manifest["model"]["alignment_heads"] = 2;
+  a.manifest["model"]["alignment_layer"] = -1;
+  a.manifest["graphs"]["decoder"]["outputs"].push_back(tensor("alignment", {"batch", "new_len", "src_len"}));
+  a.save();
+  m = twostep::Manifest::read(a.dir);
+  CHECK((m.alignment_heads == 2 && m.alignment_layer == -1 && m.alignment));
+  CHECK(m.decoder.outputs == std::vector<std::string>{"logits", "alignment"});
+  a.manifest["model"]["alignment_heads"] = 0;  // an output the model does not have, or the other way round
+  a.save();
+  CHECK(contains(error_of(a.dir), "malformed manifest (model.alignment_heads is 0 but the decoder has the alignment"));
+}
+
 // --- the manifest's decoding section: the model's decoding defaults
 
 TEST_CASE("the decoding section: an Argos package's defaults, under the options a caller gives") {
   Artifact a;
   CHECK(!twostep::Manifest::read(a.dir).decoding.beam_size);  // absent: twostep's defaults
   a.manifest["decoding"] = {{"beam_size", 4}, {"length_penalty", 0.2}, {"beam_stop", "ctranslate2"},
-                            {"max_new_tokens", 256}, {"min_new_tokens", 1}};
+                            {"max_new_tokens", 256}, {"min_new_tokens", 1}, {"replace_unknowns", true}};
   a.manifest["model"]["zero_start_embedding"] = true;  // graph-only (CTranslate2's imports): nothing to read here
   a.save();
   const twostep::Manifest m = twostep::Manifest::read(a.dir);
@@ -549,6 +565,7 @@ TEST_CASE("the decoding section: an Argos package's defaults, under the options 
   CHECK(m.decoding.beam_stop == "ctranslate2");
   CHECK(m.decoding.max_new_tokens == 256);
   CHECK(m.decoding.min_new_tokens == 1);
+  CHECK(m.decoding.replace_unknowns == true);
   CHECK(!m.decoding.n_best);
   CHECK(!m.samples);
 
@@ -556,13 +573,15 @@ TEST_CASE("the decoding section: an Argos package's defaults, under the options 
   twostep::DecodeOptions given;
   twostep::DecodeOptions o = twostep::with_defaults(m.decoding, given);
   CHECK((o.beam_size == 4 && o.length_penalty == 0.2 && o.beam_stop == "ctranslate2" && o.max_new_tokens == 256 &&
-         o.min_new_tokens == 1 && o.n_best == 1));
+         o.min_new_tokens == 1 && o.n_best == 1 && o.replace_unknowns == true));
   given.beam_size = 1, given.beam_stop = "n_best", given.max_new_tokens = 0;  // 0: not given, as Python's None
+  given.replace_unknowns = false;  // --keep-unknowns
   o = twostep::with_defaults(m.decoding, given);
-  CHECK((o.beam_size == 1 && o.beam_stop == "n_best" && o.max_new_tokens == 256 && o.length_penalty == 0.2));
+  CHECK((o.beam_size == 1 && o.beam_stop == "n_best" && o.max_new_tokens == 256 && o.length_penalty == 0.2 &&
+         o.replace_unknowns == false));
   o = twostep::with_defaults({}, {});
   CHECK((o.beam_size == 1 && o.length_penalty == 1.0 && o.n_best == 1 && o.max_new_tokens == 0 &&
-         o.min_new_tokens == 0 && o.beam_stop == "n_best"));
+         o.min_new_tokens == 0 && o.beam_stop == "n_best" && o.replace_unknowns == false));
   given = {};
   given.n_best = 5, given.beam_stop = "fairseq";
   CHECK(error_of([&] { twostep::with_defaults(m.decoding, given); }) ==
@@ -584,8 +603,9 @@ TEST_CASE("the decoding section: a bad one is one Error that names every problem
       {{{"beam", 4}, {"beam_size", "4"}},
        "malformed manifest (decoding: unknown option 'beam'; beam_size is str '4', expected int; known options: "
        "beam_size, n_best, length_penalty, beam_stop, max_new_tokens, min_new_tokens, sampling, temperature, top_k, "
-       "top_p)"},
+       "top_p, replace_unknowns)"},
       {{{"beam_size", true}}, "decoding: beam_size is bool True, expected int"},
+      {{{"replace_unknowns", 1}}, "decoding: replace_unknowns is int 1, expected bool"},
       {{{"length_penalty", "0.2"}}, "decoding: length_penalty is str '0.2', expected float"},
       {{{"beam_size", 0}}, "decoding: bad decoding options: beam size must be an integer >= 1, got 0"},
       {{{"beam_stop", "fairseq"}},

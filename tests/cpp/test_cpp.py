@@ -435,41 +435,43 @@ def test_cpp_streams_pretrained_families_as_it_translates(cpp_build, pretrained,
 CT2_SENTENCES = ["the dog sat in the garden", "a dog ran over the mat", "good dog"]
 
 
-@pytest.fixture(scope="module")
-def argos_artifact(ct2_models, tmp_path_factory) -> Path:
-    """The session's .argosmodel package (a CTranslate2 int8 model, its SentencePiece model, argostranslate's
-    decoding defaults and detokenization) imported and exported once."""
-    from twostep.exporter.export import export
-    from twostep.model.sources import import_model
-
-    root = tmp_path_factory.mktemp("argos-cpp")
-    import_model(ct2_models.argos, root / "ckpt")
-    export(root / "ckpt", root / "art")
-    return root / "art"
-
-
-@pytest.mark.parametrize("flags", [(), ("--beam", 1)], ids=["argos-defaults", "greedy"])
-def test_cpp_decodes_an_argos_package_as_python_does(cpp_build, argos_artifact, flags):
-    """An artifact imported from an Argos Translate package: without flags both take its manifest's decoding
-    defaults (beam 4, length_penalty 0.2, CTranslate2's beam rule, min_new_tokens 1, at most 256 tokens), with
-    --beam 1 greedy over the rest of them; the same tokens and scores, and text joined as argostranslate joins it
-    (detokenize "argos"). This twostep has no replace_unknowns: an <unk> is left out of the text by both."""
+@pytest.mark.parametrize("flags", [(), ("--beam", 1), ("--keep-unknowns",)],
+                         ids=["argos-defaults", "greedy", "keep-unknowns"])
+def test_cpp_decodes_an_argos_package_as_python_does(cpp_build, argos_artifact, ct2_models, flags):
+    """An artifact imported from an Argos Translate package (the session's argos_artifact): without flags both take
+    its manifest's decoding defaults (beam 4, length_penalty 0.2, CTranslate2's beam rule, min_new_tokens 1, at most
+    256 tokens, replace_unknowns), with --beam 1 greedy over the rest of them; the same tokens and scores, and text
+    joined as argostranslate joins it (detokenize "argos"), each <unk> replaced by the source piece the alignment
+    weighs most, as argostranslate's own text has it; with --keep-unknowns both leave the <unk> out of the text."""
     import hf_models
+    from ct2_models import argos_reference
     from twostep.artifact import load_artifact
 
-    assert load_artifact(argos_artifact).manifest.decoding["beam_stop"] == "ctranslate2"
+    decoding = load_artifact(argos_artifact).manifest.decoding
+    assert decoding["beam_stop"] == "ctranslate2" and decoding["replace_unknowns"] is True
     sentences = hf_models.TEST_SENTENCES + CT2_SENTENCES
-    translator, backend = open_translator(argos_artifact, "ort-cpu", options={"beam_size": 1} if flags else None)
-    assert translator.options.beam_size == (1 if flags else 4) and translator.options.min_new_tokens == 1
+    options = {"beam_size": 1} if "--beam" in flags else {"replace_unknowns": False} if flags else None
+    translator, backend = open_translator(argos_artifact, "ort-cpu", options=options)
+    assert translator.options.beam_size == (1 if "--beam" in flags else 4) and translator.options.min_new_tokens == 1
+    assert translator.options.replace_unknowns == ("--keep-unknowns" not in flags)
     with backend:
         py_text = translator.translate(sentences)
         sources = translator.encode(sentences)
         python = translator.decode_ids(sources)
     assert len(set(py_text)) >= 4, py_text  # the outputs vary with the input
+    unk = translator.limits.specials.unk_id
+    unknown = [i for i, hyps in enumerate(python) if unk in hyps[0].tokens]
+    assert unknown, [translator.tokenizer.decode(h[0].tokens) for h in python]  # "dog" says <unk>
+    replaced = [i for i in unknown if python[i][0].replacements]
+    assert replaced == (unknown if translator.options.replace_unknowns else []), python
+    assert all(py_text[i] == translator.tokenizer.decode(python[i][0].tokens) for i in set(range(len(sentences))) -
+               set(replaced))  # only the replaced texts differ from the plain decode
 
     text = translate(cpp_build, argos_artifact, sentences, *flags)
     assert text.returncode == 0, text.stderr
     assert_same("text", py_text, text.stdout.splitlines())
+    if not flags:  # argostranslate's own text, replacements and all
+        assert_same("text", [t for t, _ in argos_reference(ct2_models.argos_dir, sentences)], py_text)
     proc = translate(cpp_build, argos_artifact, ids_lines(sources), "--ids", "--scores", *flags)
     assert proc.returncode == 0, proc.stderr
     cpp = [line.split(" ", 1) + [""] for line in proc.stdout.splitlines()]

@@ -107,6 +107,12 @@ struct DecodeOptions {
   // best candidate has ended and it has n_best), or at its limit, where the beam_size best candidates all finish;
   // ids a step never picks are out of the softmax. What a CTranslate2 model (an Argos Translate package) decodes.
   std::optional<std::string> beam_stop;
+  // After decoding, each <unk> of a hypothesis gets the source piece that the decoder's alignment (Manifest::
+  // alignment: one teacher-forced run of the hypothesis) weighs most at it, among the sentence's own pieces
+  // (not its language ids or suffix): Hypothesis::replacements, which the text shows in place of the <unk>
+  // (CTranslate2's replace_unknowns; false). A model without the alignment output refuses it where a hypothesis
+  // holds <unk>. Streamed events show the decode before the replacement.
+  std::optional<bool> replace_unknowns;
   // A multilingual model's languages (Languages); empty: the model's default, if it has one. translate()
   // uses both, decode_ids() and translate_ids() tgt_lang only (for the decoder's forced tokens).
   std::string src_lang, tgt_lang;
@@ -144,6 +150,12 @@ struct Manifest {
   std::optional<Graph> inplace;
   int64_t n_heads = 0, head_dim_k = 0, head_dim_v = 0;  // from the decoder's past_key_self_0 / past_value_self_0
   int64_t search_width = 0;  // candidates a row in the decoder's search outputs (top_ids [batch, C]); 0: none
+  // The model's alignment heads (manifest model.alignment_heads, alignment_layer; a model imported from
+  // CTranslate2 or Argos Translate): > 0, every decoder graph has one more output, "alignment" [batch, new_len,
+  // src_len], the cross-attention of decoder layer alignment_layer averaged over its first alignment_heads heads,
+  // which decoding steps never fetch and replace_unknowns reads. 0: none.
+  int64_t alignment_heads = 0, alignment_layer = -1;
+  bool alignment = false;  // the decoder lists the "alignment" output
 
   // Reads manifest.json and checks it: format, schema version, sizes, every file the runtime opens listed
   // with its sha256, every listed name a plain relative path that stays inside dir (symbolic links too),
@@ -172,6 +184,10 @@ struct Options {
 struct Hypothesis {
   Ids tokens;    // without the start id, the forced target-language ids and eos
   double score;  // beam search: sum of log-probs / length ** length_penalty (forced tokens count); greedy: 0
+  // DecodeOptions::replace_unknowns: (index into tokens, source piece) for each <unk> replaced, in token order.
+  // The piece as the source text had it (Model::encode's sentences; a piece the vocabulary lacks is its own text),
+  // else the source vocabulary's piece of the id. Model::decode(Hypothesis) puts them in the text.
+  std::vector<std::pair<size_t, std::string>> replacements = {};
 };
 
 // A streamed decode's news of one sentence (Model::translate, translate_ids and decode_ids with a StepCallback).
@@ -208,7 +224,16 @@ class Tokenizer {
                           const std::string& tgt_lang = "") const;  // errors name the sentence
   // The source ids of `text` alone: special pieces as themselves, the rest through SentencePiece.
   Ids pieces(const std::string& text) const;
+  // encode()'s ids, and the piece of the text each one is (empty: a language id or the suffix): SentencePiece's
+  // piece, also where the vocabulary lacks it and the id is unk_id (Python's Tokenizer.source_tokens).
+  std::pair<Ids, std::vector<std::string>> source_tokens(const std::string& text, const std::string& src_lang = "",
+                                                         const std::string& tgt_lang = "") const;
+  // The source vocabulary's piece of an id; none outside it.
+  std::optional<std::string> source_piece(int64_t id) const;
   std::string decode(const Ids& ids) const;  // drop_ids left out
+  // `replacements`: pieces that stand in place of the ids at those indices, kept where their id would be dropped
+  // (Hypothesis::replacements).
+  std::string decode(const Ids& ids, const std::vector<std::pair<size_t, std::string>>& replacements) const;
 
  private:
   struct Impl;
@@ -242,18 +267,22 @@ class Model {
   // decoded with with_defaults(manifest().decoding, options):
   // sorted into batches like the Python Translator, ids checked against the vocabulary and max_positions.
   // options.tgt_lang picks the ids forced on the decoder. on_step, if given, streams the decode (StepEvent,
-  // no deltas); without it no step does any work for streaming.
+  // no deltas); without it no step does any work for streaming. options.replace_unknowns: each hypothesis that
+  // holds unk_id gets its Hypothesis::replacements (translate_ids returns the tokens alone).
   std::vector<std::vector<Hypothesis>> decode_ids(const std::vector<Ids>& sources, const DecodeOptions& options = {},
                                                   const StepCallback& on_step = {});
   std::vector<Ids> translate_ids(const std::vector<Ids>& sources, const DecodeOptions& options = {},
                                  const StepCallback& on_step = {});
 
   // Text in, text out, with the artifact's tokenizer (Tokenizer). on_step, if given, streams each sentence's
-  // text as it grows (StepEvent::delta).
+  // text as it grows (StepEvent::delta). encode() keeps the pieces of the latest 4,096 sentences that hold unk_id
+  // (the Model's own memory), so that replace_unknowns copies a piece the vocabulary lacks as the text had it,
+  // in decode_ids() too.
   Ids encode(const std::string& text, const std::string& src_lang = "", const std::string& tgt_lang = "") const;
   std::vector<Ids> encode(const std::vector<std::string>& texts, const std::string& src_lang = "",
                           const std::string& tgt_lang = "") const;  // errors name the sentence
   std::string decode(const Ids& ids) const;  // drop_ids left out
+  std::string decode(const Hypothesis& hypothesis) const;  // its replacements in place of their ids
   std::vector<std::string> translate(const std::vector<std::string>& texts, const DecodeOptions& options = {},
                                      const StepCallback& on_step = {});
 
