@@ -30,8 +30,9 @@ The engines, each in its own worker process (benchmarks/marian.py's Worker), `--
 - ct2-int8-examples: the same with batch_type "examples" (32 sentences a batch): CTranslate2 batching as
   twostep does, for comparison; no target.
 - twostep-int8: `twostep import` of the int8 directory (dequantized to float32), `twostep export --dtype
-  int8` (ONNX Runtime dynamic int8); `open_translator` (ort-cpu, batches of 32 sentences), beam 4,
-  length_penalty 0.2, beam_stop "ctranslate2" where twostep has it, else "n_best".
+  int8` (ONNX Runtime dynamic int8); `open_translator` (ort-cpu, batches of 32 sentences) with what an
+  imported Argos package decodes with: beam 4, length_penalty 0.2, beam_stop "ctranslate2", min_new_tokens 1,
+  replace_unknowns.
 - ct2-fp32 / twostep-fp32: the same from the float32 conversion, CTranslate2 with compute_type "float32"
   ("auto" would quantize the float32 model to int8 on loading: it picks the fastest type the CPU runs).
 
@@ -223,18 +224,13 @@ def prepare(work: Path, model: Model, sentences: list[list[int]], engines: list[
 # Each returns decode(sentences as ids) -> each sentence's best hypothesis as ids, and what it runs on.
 
 
-def beam_stop() -> str:
-    from twostep.runtime.decoding.options import BEAM_STOPS
-
-    return "ctranslate2" if "ctranslate2" in BEAM_STOPS else "n_best"
-
-
 def twostep_engine(spec: dict):
     from twostep.runtime.decoding import DecodeOptions
     from twostep.runtime.translator import open_translator
 
+    # what an imported Argos package decodes with (twostep.model.argos.DECODING), with this run's cap
     options = DecodeOptions(beam_size=BEAM, length_penalty=LENGTH_PENALTY, max_new_tokens=spec["new_tokens"],
-                            beam_stop=beam_stop())
+                            beam_stop="ctranslate2", min_new_tokens=1, replace_unknowns=True)
     translator, backend = open_translator(Path(spec["path"]), batch_size=MAX_BATCH, options=options,
                                           threads=spec["threads"])
     info = versions("onnxruntime", "numpy")
