@@ -124,8 +124,8 @@ class Tokenizer:
         if not chunk:
             return []
         pieces = self.source_sp.encode(chunk, out_type=str)
-        if self.source_table is None:
-            out = list(zip(self.source_sp.encode(chunk), pieces))
+        if self.source_table is None:  # SentencePiece's own ids: an unknown piece's text is unk's
+            out = list(zip(self.source_sp.piece_to_id(pieces), pieces))
         else:
             out = [(self.source_table.get(p, self.spec.unk_id), p) for p in pieces]
         if chunk[-1] in WHITESPACE:
