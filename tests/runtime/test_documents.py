@@ -85,6 +85,12 @@ def test_text_without_whitespace_is_cut_between_characters_and_clause_marks_come
     assert cut("a") is None
 
 
+def test_text_without_whitespace_is_cut_at_its_middle_character_rounded_down():
+    assert cut("一二三四五六七") == (3, 3) and cut("一二三四五六") == (3, 3)  # len // 2: the left part the shorter
+    text = "今天天气很好我们去公园散步然后回家吃饭"  # 19 characters, no clause mark
+    assert split_documents([text], "zh", characters, 10)[0] == ["今天天气很好我们去", "公园散步然后回家吃饭"]
+
+
 def test_sentences_that_meet_without_a_space_after_a_wide_character_get_one_in_a_spaced_translation():
     text = "今天下雨。我在家。\n她走了。"
     sentences, plan = split_documents([text], "zh", characters, 100)
@@ -94,6 +100,16 @@ def test_sentences_that_meet_without_a_space_after_a_wide_character_get_one_in_a
     # not after a narrow character: Hi!Bye. stays as it was written
     sentences, plan = split_documents(["Hi!Bye."], "en", characters, 100)
     assert sentences == ["Hi!", "Bye."] and plan.join(["Salut !", "Au revoir."]) == ["Salut !Au revoir."]
+
+
+def test_a_space_joins_two_sentences_only_where_both_translations_meet_in_a_spaced_script():
+    for text in ("Hi!你好。", "你好。Hi!"):  # joined back as they are: no space where either side is wide
+        sentences, plan = split_documents([text], "zh", characters, 100)
+        assert len(sentences) == 2 and plan.join(sentences) == [text]
+    sentences, plan = split_documents(["今天下雨。我在家。"], "zh", characters, 100)
+    assert plan.join(["It rains.", "我在家。"]) == ["It rains.我在家。"]
+    assert plan.join(["今天下雨。", "I stay home."]) == ["今天下雨。I stay home."]
+    assert plan.join(["It rains.", "I stay home."]) == ["It rains. I stay home."]
 
 
 def test_empty_texts_and_texts_that_are_not_text_are_bad_input():
