@@ -101,6 +101,23 @@ def test_a_character_of_byte_pieces_comes_whole(tokenizer):
     assert not any("\ufffd" in d for d in deltas), deltas
 
 
+def test_a_token_whose_text_may_change_waits_for_the_next(tmp_path):
+    """The last token waits for the next one, and a run of byte pieces (with a piece of no text inside) for a token
+    past its end, as the run could go on: 猫 in three byte pieces comes whole, two tokens after its last byte."""
+    tokenizer = TOKENIZERS["sentencepiece-bytes"](tmp_path, None)
+    piece = {tokenizer.target_piece(t): t for t in range(tokenizer.vocab_size)}
+    cat = [piece[f"<0x{b:02X}>"] for b in "猫".encode()]
+    word = tokenizer.encode_target("the cat")
+    for run in (cat, [*cat[:2], piece["</s>"], cat[2]]):  # </s>: a piece decode leaves out
+        tokens = word + run + word
+        deltas = streamed(tokenizer, tokens)
+        given = ["".join(deltas[: n + 1]) for n in range(len(tokens))]  # after tokens[: n + 1]
+        assert given[: len(word) + 1] == [tokenizer.decode(word[:n]) for n in range(len(word) + 1)]
+        assert given[len(word) + len(run)] == "the cat"  # the run's last piece, then the next word's first
+        assert given[len(word) + len(run) + 1] == tokenizer.decode(word + run + word[:1]) == "the cat猫 t"
+        assert "".join(deltas) == tokenizer.decode(tokens) == "the cat猫 the cat"
+
+
 # -- Translator.stream on the exported demo model -----------------------------------------------------------
 
 
