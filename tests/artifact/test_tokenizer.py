@@ -90,6 +90,26 @@ def test_a_code_two_of_the_models_codes_match_equally_is_ambiguous():
     assert languages.pick("target", "pt_BR") == "pt_BR"
 
 
+# model codes with regions (mBART-50's en_XX beside a regional one, Portuguese, Latin American Spanish, Chinese)
+REGIONAL = {"en_GB": "en_GB", "en-GB": "en_GB", "en-AU": "en_GB", "en": "en_XX", "en-US": "en_XX",
+            "pt-BR": "pt_BR", "pt-PT": "pt_PT", "es-419": "es_419", "es-MX": "es_419", "es": "es_XX",
+            "zh-TW": "zh_TW", "zh-Hant-TW": "zh_TW", "zh-HK": "zh_HK", "zh-Hans": "zh_CN", "zh": "zh_CN"}
+
+
+@pytest.mark.parametrize("code", sorted(REGIONAL))
+def test_the_nearest_code_wins_and_a_region_that_tells_codes_apart_is_kept(code):
+    codes = sorted(set(REGIONAL.values()))
+    languages = Languages(target={c: TargetLanguage(decoder=(i,)) for i, c in enumerate(codes)})
+    assert languages.pick("target", code) == REGIONAL[code]
+    assert alias_pick(languages.to_json(), "target", code) == REGIONAL[code]  # the C++ library's way too
+
+
+@pytest.mark.parametrize("key, dropped", [("fr-ca", "fr"), ("es-419", "es"), ("zh-hant-tw", "zh-hant"),
+                                          ("fa-af-tw", None), ("fr", None), ("zh-hant", None)])
+def test_a_tag_loses_its_one_region_and_a_tag_with_two_is_not_cut_to_one(key, dropped):
+    assert region_dropped(key) == dropped
+
+
 # What a request may type: each family's French, regions, scripts, macrolanguages, case and '_', unknown codes
 STANDARD_CODES = ["fr", "fra", "fre", "fr-FR", "fr-CA", "fr_BE", "FR", "fra-FR", "fr-Latn", "fr-Latn-FR", "fr-419",
                   "en", "en-US", "en-GB", "eng", "de", "deu", "ger", "de-AT", "de-DE", "zh", "zho", "chi", "cmn",
