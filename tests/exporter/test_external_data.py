@@ -1,13 +1,16 @@
 """A model past protobuf's 2 GB, forced at the demo's size: with shared.EXTERNAL_DATA_BYTES lowered to 0 every
 graph keeps its weights in one external data file (twostep.exporter.shared.store_once), each tensor once
-(the demo_external fixture; tests/cpp/test_cpp.py holds the C++ library to it)."""
+(the demo_external fixture; tests/cpp/test_cpp.py holds the C++ library to it). Until then a step that rewrites
+one graph past the threshold saves it with its own `<name>.data` (shared.save_graph)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from safetensors.torch import load_file
 
@@ -80,3 +83,39 @@ def test_int8_exports_on_the_external_data_path(demo_model_dir, tmp_path, monkey
     for name in [*art.graphs, *art.variants]:
         assert external_data_locations(art.graph_file(name)) == {shared.WEIGHTS}
     assert (result.path / shared.WEIGHTS).stat().st_size <= 0.6 * parameter_bytes(demo_model_dir)
+
+
+def affine_graph() -> onnx.ModelProto:
+    """y = x @ w + b: w of 16 KiB, b of 256 bytes (under SMALLEST: it stays in the graph file)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "affine", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_save_graph_writes_its_data_file_past_the_threshold_and_inline_below(tmp_path, monkeypatch):
+    """Each save replaces the graph and the data files it used: a file of another name (as torch.onnx.export
+    writes), its own `<name>.data` (rewritten, not appended to), and no data file once it is inline."""
+    model = affine_graph()
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    path = tmp_path / "affine.onnx"
+    onnx.save(onnx.load_from_string(model.SerializeToString()), str(path), save_as_external_data=True,
+              location="exported.bin")
+    monkeypatch.setattr(shared, "EXTERNAL_DATA_BYTES", shared.tensor_bytes(model) - 1)
+    for _ in range(2):
+        shared.save_graph(onnx.load(str(path)), path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["affine.onnx", "affine.onnx.data"]
+        assert external_data_locations(path) == {"affine.onnx.data"}
+        assert (tmp_path / "affine.onnx.data").stat().st_size == 64 * 64 * 4  # b, under SMALLEST, stayed inline
+        onnx.checker.check_model(str(path))
+        assert np.array_equal(ort.InferenceSession(str(path)).run(None, {"x": x})[0], want)
+    monkeypatch.setattr(shared, "EXTERNAL_DATA_BYTES", shared.tensor_bytes(model))  # not past it: inline
+    shared.save_graph(onnx.load(str(path)), path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["affine.onnx"]
+    assert np.array_equal(ort.InferenceSession(str(path)).run(None, {"x": x})[0], want)
