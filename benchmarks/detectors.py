@@ -3,7 +3,7 @@ single words, short phrases, sentences and paragraphs, greetings, names, numbers
 one `twostep serve` detects `source: "auto"` with (twostep/runtime/detect.py).
 
     python -m benchmarks.detectors [--engines twostep,lingua,...] [--served en,fr,de,es,it,pt] [--repeat 5]
-                                   [--json OUT] [--markdown OUT]
+                                   [--no-memory] [--json OUT] [--markdown OUT]
 
 Engines (one not installed is skipped; pip names lingua-language-detector, langdetect, py3langid, lexilang):
 
@@ -22,7 +22,7 @@ every language of the gold set, and "served" (--served), the texts of the other 
 set and length bucket: accuracy (top answer right), and milliseconds per text (the set's texts detected --repeat
 times; median of 3 runs; after one untimed pass, so lazily loaded models are in). In a fresh subprocess per engine
 and set: MB, the resident memory the engine added (Linux /proc; building it and one pass over the set's texts),
-and cold_s, the seconds that took. --json has every number.
+and cold_s, the seconds that took (--no-memory: not measured). --json has every number.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def measure_footprint(name: str, languages: Sequence[str], gold_path: Path) -> d
     return json.loads(done.stdout)
 
 
-def run(engines: list[str], gold_path: Path, served: list[str], repeat: int) -> dict:
+def run(engines: list[str], gold_path: Path, served: list[str], repeat: int, memory: bool = True) -> dict:
     gold = load_gold(gold_path)
     sets = {"full": list(gold), "served": [tag for tag in gold if tag in served]}
     rows, skipped = [], []
@@ -263,7 +263,7 @@ def run(engines: list[str], gold_path: Path, served: list[str], repeat: int) -> 
                           "ms_per_text": ms_per_text(detect, [text for _, text in pairs], repeat)}
             for tag in languages:
                 row["per_language"][tag] = score(detect, [pair for pair in pairs if pair[0] == tag])
-            row.update(measure_footprint(name, languages, gold_path))
+            row.update(measure_footprint(name, languages, gold_path) if memory else {"mb": None, "cold_s": None})
             rows.append(row)
     return {"rows": rows, "skipped": skipped, "repeat": repeat, "served": sets["served"],
             "texts": {set_name: sum(len(gold[tag][b]) for tag in languages for b in BUCKETS)
@@ -277,8 +277,8 @@ def markdown(result: dict) -> str:
     for row in result["rows"]:
         cells = [f"{row['buckets'][bucket]['accuracy']:.2f}" for bucket in BUCKETS]
         lines.append(f"| {row['engine']} | {row['set']} | " + " | ".join(cells)
-                     + f" | {row['all']['accuracy']:.2f} | {row['all']['ms_per_text']:.3f} | {row['mb']:.0f}"
-                     + f" | {row['cold_s']:.2f} |")
+                     + f" | {row['all']['accuracy']:.2f} | {row['all']['ms_per_text']:.3f} | "
+                     + (f"{row['mb']:.0f} | {row['cold_s']:.2f} |" if row["mb"] is not None else "- | - |"))
     lines.append(f"\nfull: {result['texts']['full']} texts; served ({', '.join(result['served'])}): "
                  f"{result['texts']['served']} texts.")
     if result["skipped"]:
@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--served", default=SERVED, help="the small candidate set, comma-separated tags")
     p.add_argument("--repeat", type=int, default=5, help="times each bucket is detected for the timing")
     p.add_argument("--gold", type=Path, default=GOLD)
+    p.add_argument("--no-memory", action="store_true", help="skip the fresh process per engine (MB, cold s)")
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
     p.add_argument("--footprint", choices=ENGINES, help=argparse.SUPPRESS)  # the subprocess of the memory measure
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if set(engines) - set(ENGINES):
         p.error(f"unknown engines {sorted(set(engines) - set(ENGINES))}; choose from {', '.join(ENGINES)}")
-    result = run(engines, args.gold, served, args.repeat)
+    result = run(engines, args.gold, served, args.repeat, memory=not args.no_memory)
     table = markdown(result)
     sys.stdout.write(table)
     if args.json:
