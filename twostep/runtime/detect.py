@@ -6,7 +6,7 @@ table): on sentences and paragraphs lingua, langdetect and py3langid are all rig
 and short chat phrases lingua is the most accurate of the permissively licensed ones, and it alone is restricted to
 the candidates by construction, gives confidences that add up over them, and answers nothing for a text no served
 language can be written in (Cyrillic when only Latin-script languages are served). Its cost is memory: its models
-take about 20 MB a language once loaded (257 MB for 13), shared by every language set. LibreTranslate's own
+take about 20 MB a language once loaded (~250 MB for 13), shared by every language set. LibreTranslate's own
 detector asks a word list (lexilang) first for texts under 20 characters, which gets more greetings right ("Hello",
 "Merci"), but lexilang is AGPL-3.0: not a dependency of ours.
 
