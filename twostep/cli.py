@@ -386,7 +386,9 @@ def inspect(art_dir: Path = typer.Argument(..., help="Artifact directory.")) -> 
 
 @app.command("serve")
 def serve_cmd(
-    model_dir: Path = typer.Argument(..., help="Artifact directory (any backend) or checkpoint (torch)."),
+    model_dirs: list[Path] = typer.Argument(..., help="Artifact directories (any backend), or folders of them (each "
+                                            "subfolder an artifact), or one checkpoint (torch). Each request goes "
+                                            "to the model that has its language pair (docs/serving.md)."),
     backend: Optional[str] = typer.Option(None, help="Default ort-cpu for artifacts, torch for checkpoints."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on; loopback unless you mean otherwise."),
     port: int = typer.Option(8000, min=0, max=65535),
@@ -407,7 +409,11 @@ def serve_cmd(
                                       "it 413 (LibreTranslate's API: 400)."),
     max_chars: int = typer.Option(20_000, min=1, help="Characters per request, all its texts together; beyond it 413 "
                                   "(LibreTranslate's API: 400)."),
-    threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads of the model (default: the library's)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads of each model (default: the library's)."),
+    pivot: str = typer.Option("en", help="A pair no model has goes through this language (two models: the first's "
+                              "best translation is the second's source); 'none': no pivoting."),
+    max_loaded: Optional[int] = typer.Option(None, min=1, help="Models loaded at once: the others load on first use, "
+                                             "the least recently used one leaving (default: all, at start)."),
     shutdown_delay: float = typer.Option(0, min=0, help="On SIGTERM, seconds that /readyz answers 503 while "
                                          "requests are still answered (for load balancers to stop sending), before "
                                          "the listener closes; a second SIGTERM or Ctrl-C ends them. Not with --ray."),
@@ -429,22 +435,24 @@ def serve_cmd(
                                                               "gets to answer them before it is killed (Ray Serve's "
                                                               "graceful_shutdown_timeout_s, default 20)."),
 ) -> None:
-    """Serve translations over HTTP: twostep's API (POST /v1/translate: documents, streams; GET /v1/languages),
-    LibreTranslate's (POST /translate, GET /languages), /healthz, /readyz, /metrics (Prometheus)."""
+    """Serve translations over HTTP, one model or many: twostep's API (POST /v1/translate: documents, streams; GET
+    /v1/languages), LibreTranslate's (POST /translate, /detect; GET /languages, /frontend/settings, /health,
+    /spec), /healthz, /readyz, /metrics (Prometheus)."""
     try:
         from twostep.serving.http import ServeConfig, read_api_keys
     except ImportError as exc:
         raise TwostepError(f"serving needs its extra: pip install 'twostep[serve]' ({exc})") from None
     if batching not in BATCHING:
         raise TwostepError(f"--batching takes {' or '.join(BATCHING)}, got {batching!r}")
-    check_servable(model_dir, backend)
+    pivot_language = None if pivot.lower() == "none" else pivot
+    check_servable(model_dirs, backend, pivot_language)
     limits = BatchLimits(max_batch_tokens=max_batch_tokens, max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms,
                          max_queue=max_queue, inflight=BATCHING[batching], express_tokens=express_tokens,
                          express_share=express_share, max_beam=max_beam, max_new_tokens=max_new_tokens,
                          max_request_work=max_request_work)
-    config = ServeConfig(str(model_dir.resolve()), backend, threads, limits, max_sentences=max_sentences,
-                         max_chars=max_chars, api_key_digests=read_api_keys(api_key_file),
-                         protect_metrics=protect_metrics)
+    config = ServeConfig(tuple(str(d.resolve()) for d in model_dirs), backend, threads, limits,
+                         max_sentences=max_sentences, max_chars=max_chars, api_key_digests=read_api_keys(api_key_file),
+                         protect_metrics=protect_metrics, pivot=pivot_language, max_loaded=max_loaded)
     if not ray:
         from twostep.serving.http import serve
 
@@ -469,20 +477,30 @@ def serve_cmd(
     ray_app.run(config, host, port, replicas, num_cpus, scaling, address, shutdown)
 
 
-def check_servable(model_dir: Path, backend: Optional[str]) -> None:
-    """Refuse before the server starts: a bad artifact or an unavailable backend is one line, not a traceback
-    from inside uvicorn's startup."""
+def check_servable(model_dirs: list[Path], backend: Optional[str], pivot: Optional[str]) -> None:
+    """Refuse before the server starts: a bad artifact, models that cannot share a server (twostep.serving.models:
+    Catalog.open) or an unavailable backend is one line, not a traceback from inside uvicorn's startup. One
+    model's files are checked whole; many models' manifests only (each is checked whole as it loads)."""
     from twostep.artifact import MANIFEST, load_artifact
     from twostep.runtime import backends
+    from twostep.serving.models import Catalog, model_paths
 
-    if (model_dir / MANIFEST).is_file():
-        load_artifact(model_dir)
-    elif not (model_dir / "config.json").is_file():
-        raise TwostepError(f"{model_dir}: neither an artifact directory ({MANIFEST}) nor a checkpoint (config.json)")
-    name = backend or ("ort-cpu" if (model_dir / MANIFEST).is_file() else "torch")
-    reason = backends.unavailable_reason(name)
-    if reason:
-        raise TwostepError(f"backend {name!r} is not available here: {reason}")
+    paths = model_paths(model_dirs)
+    for model_dir in paths:
+        if (model_dir / MANIFEST).is_file():
+            load_artifact(model_dir, check_hashes=len(paths) == 1)
+        elif not (model_dir / "config.json").is_file():
+            raise TwostepError(f"{model_dir}: neither an artifact directory ({MANIFEST}) nor a checkpoint "
+                               "(config.json)")
+        elif len(paths) > 1:
+            raise TwostepError(f"{model_dir}: a checkpoint serves alone; export it (twostep export) to serve it "
+                               "beside other models")
+    Catalog.open(paths, pivot)
+    names = {backend or ("ort-cpu" if (d / MANIFEST).is_file() else "torch") for d in paths}
+    for name in sorted(names):
+        reason = backends.unavailable_reason(name)
+        if reason:
+            raise TwostepError(f"backend {name!r} is not available here: {reason}")
 
 
 @app.command("init")

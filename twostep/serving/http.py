@@ -36,7 +36,8 @@ from twostep.serving.middleware import Drain, RequestLog, RequireKey
 from twostep.serving.service import API_KEYS_ENV, ServeConfig, Service, error, read_api_keys
 
 log = logging.getLogger("twostep.serving")
-OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
+              *libretranslate.OPEN}
 
 
 def build_app(config: ServeConfig) -> FastAPI:

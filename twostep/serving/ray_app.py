@@ -3,7 +3,7 @@ BatchingTranslator per replica (each replica batches its own requests; Ray's pro
 replicas, and autoscaling adds replicas as their queues grow).
 
     twostep serve ART --ray [--replicas N | --autoscale MIN:MAX] [--num-cpus C] [--port 8000]
-    serve run twostep.serving.ray_app:app_builder model_dir=ART [backend=ort-cpu] [replicas=2] [num_cpus=1]
+    serve run twostep.serving.ray_app:app_builder model_dir=ART[,ART...] [backend=ort-cpu] [replicas=2] [num_cpus=1]
               [batching=static] [max_wait_ms=2] [express_tokens=11] [any other BatchLimits field=value]
               [api_key_file=KEYS] [protect_metrics=true] [graceful_shutdown_timeout_s=20]
 
@@ -73,7 +73,8 @@ def serve_config(args: dict[str, str]) -> ServeConfig:
             or args.get("protect_metrics", "false") not in ("true", "false")):
         raise ValueError(f"arguments: model_dir=ART and optionally {[*DEPLOYMENT_KEYS[1:], *LIMIT_KEYS]} "
                          f"(batching=inflight, the default, or static; protect_metrics=true or false); got {args}")
-    return ServeConfig(args["model_dir"], args.get("backend"), int(args["threads"]) if "threads" in args else None,
+    threads = int(args["threads"]) if "threads" in args else None
+    return ServeConfig(tuple(args["model_dir"].split(",")), args.get("backend"), threads,
                        BatchLimits.from_strings(limits), api_key_digests=read_api_keys(args.get("api_key_file")),
                        protect_metrics=args.get("protect_metrics") == "true")
 

@@ -1,9 +1,12 @@
-"""What every HTTP API of `twostep serve` shares: the one BatchingTranslator, its metrics, its admission limits.
+"""What every HTTP API of `twostep serve` shares: the models (twostep.serving.models: which answers a pair, which
+are loaded, each its own BatchingTranslator), the language detector, the metrics, the admission limits.
 
 Each API is a router module (twostep.serving.api) over one `Service`: it parses its own requests, asks the
-service to check and queue their sentences (`submit`), and words the service's refusals in its own way
-(`Refused`: a status per kind of error, in the API's error shape). The service is opened and closed by the
-app's lifespan (`Service.lifespan`), so the same app runs under uvicorn and as a Ray Serve ingress.
+service for the route of their language pair (`route`, `detect` for a source to detect) and to translate
+their texts along it (`translate`: every leg's sentences checked and queued in the shared in-flight batches of
+its model), and words the service's refusals in its own way (`Refused`: a status per kind of error, in the
+API's error shape). The service is opened and closed by the app's lifespan (`Service.lifespan`), so the same app
+runs under uvicorn and as a Ray Serve ingress.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import hashlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
@@ -21,13 +24,13 @@ from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from twostep.artifact.tokenizer import model_tag
 from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
-from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.decoding import DecodeOptions, Hypothesis
 from twostep.runtime.documents import DocumentPlan
 from twostep.serving.engine import Metrics
 from twostep.serving.executor import BatchingTranslator, batching_advice, open_batching_translator
 from twostep.serving.limits import BatchLimits
+from twostep.serving.models import Catalog, Model, Pool, Route
 
 log = logging.getLogger("twostep.serving")
 API_KEYS_ENV = "TWOSTEP_API_KEYS"  # keys separated by commas, beside or instead of a key file
@@ -37,7 +40,7 @@ API_KEYS_ENV = "TWOSTEP_API_KEYS"  # keys separated by commas, beside or instead
 class ServeConfig:
     """What a server (or each Ray Serve replica) opens: picklable, so it travels to replicas."""
 
-    model_dir: str
+    model_dirs: tuple[str, ...]  # each an artifact (or checkpoint) folder, or a folder of artifacts
     backend: Optional[str] = None
     threads: Optional[int] = None
     limits: BatchLimits = field(default_factory=BatchLimits)
@@ -46,6 +49,8 @@ class ServeConfig:
     retry_after_s: int = 1
     api_key_digests: tuple[bytes, ...] = field(default=(), repr=False)  # read_api_keys'; () is an open server
     protect_metrics: bool = False  # /metrics needs a key too
+    pivot: Optional[str] = "en"  # the language a pair no model has goes through; None: no pivoting
+    max_loaded: Optional[int] = None  # models loaded at once (the least recently used leaves); None: all, at start
 
     def __post_init__(self):
         if self.protect_metrics and not self.api_key_digests:
@@ -132,49 +137,80 @@ class PrometheusMetrics(Metrics):
         self.tokens.inc(tokens)
 
 
+@dataclass
+class Translated:
+    """A request's texts translated along one route: the plan that joins their sentences back into texts, and
+    each sentence's hypotheses (the last leg's, best first) with their texts."""
+
+    plan: DocumentPlan
+    results: list[list[Hypothesis]]
+    ranked: list[list[str]]
+
+
+Options = Callable[[BatchingTranslator, bool], DecodeOptions]  # (a leg's translator, whether it is the last leg)
+
+
 class Service:
-    """The one BatchingTranslator behind every API, opened by `lifespan`; `ready` while it takes requests,
-    `draining` once `serve` has had SIGTERM (readiness fails, requests are still answered)."""
+    """The models behind every API (`catalog`: which answers a pair; `pool`: the loaded ones), opened by
+    `lifespan`; `ready` while it takes requests, `draining` once `serve` has had SIGTERM (readiness fails,
+    requests are still answered)."""
 
     def __init__(self, config: ServeConfig):
         self.config = config
         self.registry = CollectorRegistry()
         self.metrics = PrometheusMetrics(self.registry)
-        self.translator: BatchingTranslator | None = None
-        self.backend = None
+        self.catalog: Catalog | None = None
+        self.pool: Pool | None = None
+        self.detector = None  # opened on the first request that asks for detection
         self.ready = False
         self.draining = False
+
+    def open_model(self, model: Model) -> tuple[BatchingTranslator, object]:
+        """A model's started BatchingTranslator and its backend (in a thread of the pool's: it takes seconds)."""
+        config = self.config
+        translator, backend = open_batching_translator(model.path, config.backend, limits=config.limits,
+                                                       metrics=self.metrics, **({"threads": config.threads}
+                                                                                if config.threads else {}))
+        advice = batching_advice(backend, config.limits)
+        if advice:
+            log.warning(advice)
+        return translator, backend
 
     @asynccontextmanager
     async def lifespan(self, app):
         config = self.config
-        translator, backend = open_batching_translator(Path(config.model_dir), config.backend, limits=config.limits,
-                                                       metrics=self.metrics, **({"threads": config.threads}
-                                                                                if config.threads else {}))
-        self.metrics.queue.set_function(lambda: translator.queue_depth)
-        self.translator, self.backend, self.ready = translator, backend, True
-        log.info("serving %s on %s, decoding with its %s graph (%s)", config.model_dir, backend.name, backend.decoder,
-                 asdict(config.limits))
-        advice = batching_advice(backend, config.limits)
-        if advice:
-            log.warning(advice)
+        catalog = Catalog.open([Path(d) for d in config.model_dirs], config.pivot)
+        pool = Pool(self.open_model, config.max_loaded)
+        for model in catalog.models[:config.max_loaded]:
+            await pool.load(model)
+        self.metrics.queue.set_function(pool.queue_depth)
+        self.catalog, self.pool, self.ready = catalog, pool, True
+        log.info("serving %d model%s (%s), limits %s", len(catalog.models), "s" * (len(catalog.models) > 1),
+                 ", ".join(m.name for m in catalog.models), asdict(config.limits))
         try:
             yield
         finally:
             self.ready = False
-            await asyncio.to_thread(translator.close)  # queued and running sentences finish first
-            backend.close()
+            await pool.close()  # queued and running sentences finish first
             log.info("stopped")
 
     @property
     def retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.config.retry_after_s)}
 
-    def running(self) -> BatchingTranslator:
-        """The translator, or NotReady while the model loads or once the server is shutting down."""
+    @property
+    def backend_name(self) -> str:
+        loaded = list(self.pool.loaded.values()) if self.pool else []
+        return loaded[0].backend.name if loaded else (self.config.backend or "ort-cpu")
+
+    def running(self) -> Catalog:
+        """The catalog of models, or NotReady while they load or once the server is shutting down."""
         if not self.ready:
             raise NotReady("not ready: the model is loading or the server is shutting down")
-        return self.translator
+        return self.catalog
+
+    def route(self, source: str | None, target: str | None) -> Route:
+        return self.running().route(source, target)
 
     def check_size(self, texts: Sequence, unit: str = "characters") -> None:
         """A request's size against max_chars (characters of all its texts, or token ids): TooLarge beyond."""
@@ -187,13 +223,12 @@ class Service:
         if count > self.config.max_sentences:
             raise TooLarge(f"{count} sentences in one request; at most {self.config.max_sentences}")
 
-    def encode(self, texts: Sequence[str], src_lang: str | None, tgt_lang: str | None,
-               split: bool = True) -> tuple[list[list[int]], DocumentPlan]:
+    def encode(self, translator: BatchingTranslator, texts: Sequence[str], src_lang: str | None,
+               tgt_lang: str | None, split: bool = True) -> tuple[list[list[int]], DocumentPlan]:
         """Texts to the source ids of their sentences, checked against the admission limits (max_chars before,
         max_sentences after splitting), and the plan that joins the sentences' translations back into texts.
         `split`: each text a document, split into sentences (twostep.runtime.documents); else each text one
         sentence."""
-        translator = self.running()
         self.check_size(texts)
         self.check_sentences(len(texts))  # before the work of splitting, as after it
         if split:
@@ -203,11 +238,49 @@ class Service:
         self.check_sentences(len(sources))
         return sources, plan
 
-    def submit(self, sources: Sequence[Sequence[int]], options: DecodeOptions,
+    def submit(self, translator: BatchingTranslator, sources: Sequence[Sequence[int]], options: DecodeOptions,
                tgt_lang: str | None = None) -> Future:
         """Queue checked token ids (BatchingTranslator.submit_ids): BadInput, TooLarge or Overloaded else."""
         self.check_sentences(len(sources))
-        return self.running().submit_ids(sources, options, tgt_lang)
+        return translator.submit_ids(sources, options, tgt_lang)
+
+    async def translate(self, texts: Sequence[str], route: Route, options: Options, split: bool = True,
+                        request=None) -> Translated | None:
+        """`texts` translated along `route`: its first leg's sentences (each text a document with `split`) are
+        queued in that model's running batches; a pivot's second leg takes each sentence's best translation as
+        one sentence of its own. `options(translator, last)`: how each leg decodes. None once the client (the
+        Starlette `request`, if given) has gone away: its rows were dropped. Raises what a leg is refused or
+        fails with."""
+        if not route.legs:  # one language: the texts as they came
+            self.check_size(texts)
+            return Translated(DocumentPlan.sentences_of(texts), [[Hypothesis([], 0.0)] for _ in texts],
+                              [[t] for t in texts])
+        plan, current, results, ranked = None, list(texts), [], []
+        for i, leg in enumerate(route.legs):
+            async with self.pool.use(leg.model) as translator:
+                opts = options(translator, i == len(route.legs) - 1)
+                if plan is None:
+                    sources, plan = self.encode(translator, current, leg.source, leg.target, split)
+                else:
+                    sources = translator.encode(current, leg.source, leg.target)
+                future = asyncio.wrap_future(self.submit(translator, sources, opts, leg.target))
+                results = await (until_disconnected(future, request) if request is not None else future)
+                if results is None:
+                    return None
+                results = await translator.replace_unknowns_async(sources, results, opts, leg.target)
+                ranked = [[translator.translator.text(h) for h in hyps] for hyps in results]
+                current = [r[0] if r else "" for r in ranked]
+        return Translated(plan, results, ranked)
+
+    async def detect(self, texts: Sequence[str]) -> list[list[tuple[str, float]]]:
+        """Each text's source language among those the server translates from: candidates best first, (standard
+        tag, confidence 0-100); [] where none matches (twostep.runtime.detect). In a thread: it takes a while."""
+        from twostep.runtime.detect import open_detector
+
+        languages = self.running().source_tags()
+        if self.detector is None:
+            self.detector = open_detector()
+        return await asyncio.to_thread(self.detector.detect, list(texts), languages)
 
 
 @dataclass(frozen=True)
@@ -244,14 +317,3 @@ async def until_disconnected(pending: asyncio.Future, request, poll_s: float = 0
             pending.cancel()
             return None
 
-
-def described(code: str) -> dict:
-    """A model's language code with its standard BCP-47 tag and English name (None where it has none)."""
-    import langcodes
-
-    try:
-        tag = model_tag(code)
-        name = langcodes.Language.get(tag).display_name()
-    except (ValueError, LookupError, ImportError):  # not a tag; or the names' package (language-data) is missing
-        return {"code": code, "tag": None, "name": None}
-    return {"code": code, "tag": tag, "name": name}

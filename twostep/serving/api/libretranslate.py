@@ -1,25 +1,32 @@
-"""LibreTranslate's API, for the clients that speak it (its web UI, libretranslatepy and the other client
-libraries, the editor, chat and CMS plugins built on it), beside twostep's own:
+"""LibreTranslate's API, for the clients that speak it (its web UI and browser extensions, libretranslatepy and the
+other client libraries, Mastodon, Weblate, the editor, chat and CMS plugins built on it), beside twostep's own:
 
-    POST /translate   q (a text, or a list of texts), source, target, format (text or html), alternatives,
-                      api_key; as JSON or form-encoded -> {"translatedText": ..., ["alternatives": ...]}
-    GET  /languages   [{"code": "fr", "name": "French", "targets": ["en", ...]}, ...]
+    POST /translate          q (a text, or a list of texts), source (or auto), target, format (text or html),
+                             alternatives, api_key; as JSON or form-encoded -> {"translatedText": ...,
+                             ["alternatives": ...], ["detectedLanguage": ...]}
+    POST /detect             q (a text or a list) -> [{"language": "fr", "confidence": 92.0}, ...], best first
+    GET  /languages          [{"code": "fr", "name": "French", "targets": ["en", ...]}, ...]
+    GET  /frontend/settings  what LibreTranslate's web UI reads: charLimit, keyRequired, the default languages, ...
+    GET  /health             {"status": "ok"}
+    GET  /spec               the OpenAPI document
 
-As LibreTranslate does: each text is a document, split into sentences; codes are standard tags (fr, zh-Hans, and
-its own zt and pb), which mean the model's own codes (Languages.pick); `alternatives` are the next best of an
-n-best beam search (each sentence's k-th best, joined); format html translates the text nodes and keeps the
-tags. Errors are LibreTranslate's shape, {"error": message}: 400 for a bad request (and, as LibreTranslate, for
-one over the size limits), 403 for an api_key that is not one of the server's, 429 while the queue is full, 503
-while loading or shutting down. `source: auto` needs a language detector, which this server does not have: 400
-(except for a model that takes no source language). A model that names no languages (a bilingual Marian)
-translates its one pair whatever `source` and `target` say. With API keys, /translate takes the key as `api_key` or
-as the Bearer header; /languages is open, as in LibreTranslate.
+As LibreTranslate (its libretranslate/app.py and tests/test_api define the behaviour): each text is a document,
+split into sentences; codes are standard tags (fr, zh-Hans, and its own zt and pb) resolved to the models' codes
+(twostep.serving.models routes the pair to a model, or through the pivot language); `alternatives` are the next
+best of an n-best beam search (each sentence's k-th best, joined), none for html; format html translates the
+text nodes and keeps the tags; a text with nothing to translate (no letter or digit: an emoji, punctuation) comes
+back as it came. `source: auto` detects each text's language among those the server translates from (LibreTranslate
+detects one for a whole list: here each text has its own, so `detectedLanguage` is a list for a list). Errors are
+LibreTranslate's shape, {"error": message}, in its words where its tests assert them: 400 for a bad request (and,
+as LibreTranslate, for one over the size limits), 403 for an api_key that is not one of the server's, 429 while the
+queue is full, 503 while loading or shutting down; 405 for a wrong method. With API keys, /translate and /detect
+take the key as `api_key` or as the Bearer header; the other paths are open, as in LibreTranslate.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -27,11 +34,14 @@ from fastapi.responses import JSONResponse, Response
 from twostep.errors import BadInput, Overloaded, TwostepError
 from twostep.runtime.markup import parse_html
 from twostep.serving.middleware import bearer_key, known_key
-from twostep.serving.service import NotReady, Refused, Service, described, error, until_disconnected
+from twostep.serving.models import Route, described
+from twostep.serving.service import NotReady, Refused, Service, Translated, error
 
-PATHS = frozenset({"/translate", "/languages"})
+PATHS = frozenset({"/translate", "/detect"})  # which check their key themselves (in the body, or the header)
+OPEN = frozenset({"/languages", "/frontend/settings", "/health", "/spec"})  # open on a server with keys, as LT's
 ALIASES = {"zt": "zh-Hant", "pb": "pt-BR"}  # LibreTranslate's own codes (its libretranslate/language.py)
 REFUSED = Refused({NotReady: 503, Overloaded: 429, TwostepError: 400})
+FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default --frontend-timeout
 
 
 class KeyRefused(TwostepError):
@@ -48,9 +58,9 @@ async def fields(request: Request) -> dict:
         try:
             body = await request.json()
         except ValueError:
-            raise BadInput("Invalid JSON format: send a JSON object, or form fields") from None
+            raise BadInput("Invalid JSON format") from None
         if not isinstance(body, dict):
-            raise BadInput("Invalid JSON format: send a JSON object, or form fields")
+            raise BadInput("Invalid JSON format")
         return body
     return dict(await request.form())
 
@@ -68,27 +78,78 @@ def check_key(service: Service, request: Request, body: dict) -> None:
         raise KeyRefused("Invalid API key", 403)
 
 
-def languages_of(service: Service) -> list[dict]:
-    """GET /languages: each source language the model takes, by its standard tag where it has one, with the
-    targets it translates to. A model without source codes lists none (it takes any source text)."""
-    tokenizer = service.running().tokenizer
-    languages = tokenizer.spec.languages if tokenizer else None
-    if languages is None:
-        return []
-    public = {code: described(code) for code in [*languages.source, *languages.target]}
-    tags = [d["tag"] for d in public.values() if d["tag"]]
-    for code, d in public.items():  # a tag two codes share is no name for either: the model's code it is
-        if not d["tag"] or tags.count(d["tag"]) > 1:
-            public[code] = {**d, "tag": code}
-    targets = [public[code]["tag"] for code in sorted(languages.target)]
-    return [{"code": public[code]["tag"], "name": public[code]["name"] or code, "targets": targets}
-            for code in sorted(languages.source)]
+def texts_of(body: dict) -> tuple[list[str], bool]:
+    """`q`: (its texts, whether it was one text)."""
+    q = body.get("q")
+    if not q:
+        raise BadInput("Invalid request: missing q parameter")
+    if isinstance(q, str):
+        return [q], True
+    if not isinstance(q, list) or not all(isinstance(t, str) for t in q):
+        raise BadInput("Invalid request: q must be a text or a list of texts")
+    return q, False
 
 
 def language(value, name: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise BadInput(f"Invalid request: missing {name} parameter")
     return ALIASES.get(value.strip().lower(), value.strip())
+
+
+def translatable(text: str) -> bool:
+    """Whether a text has anything to translate: a letter or a digit (not only emoji, punctuation, spaces)."""
+    return any(ch.isalnum() for ch in text)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A /translate request, parsed and checked in LibreTranslate's order (q, source, target, alternatives,
+    format)."""
+
+    texts: list[str]
+    one: bool
+    source: str
+    target: str
+    markup: str
+    alternatives: int
+
+    @classmethod
+    def of(cls, body: dict) -> Ask:
+        texts, one = texts_of(body)
+        source, target = language(body.get("source"), "source"), language(body.get("target"), "target")
+        try:
+            alternatives = max(0, int(body.get("alternatives") or 0))
+        except (TypeError, ValueError):
+            raise BadInput("Invalid request: alternatives parameter is not a number") from None
+        markup = body.get("format") or "text"
+        if markup not in ("text", "html"):
+            raise BadInput(f"{markup} format is not supported")
+        return cls(texts, one, source, target, markup, 0 if markup == "html" else alternatives)  # none for html
+
+
+def languages_of(service: Service) -> list[dict]:
+    """GET /languages: each source language the server translates from, by its standard tag where it has one,
+    with the targets it reaches (a pivot's too). A single model without source codes lists none (it takes any
+    source text)."""
+    return [{"code": source, "name": described(source)["name"] or source, "targets": sorted({*direct, *pivoted})}
+            for source, (direct, pivoted) in service.running().reachable().items()]
+
+
+def settings_of(service: Service) -> dict:
+    """GET /frontend/settings, in LibreTranslate's shape: what its web UI needs before its first request."""
+    catalog = service.running()
+    reachable = catalog.reachable()
+    sources = list(reachable)
+    auto = len(sources) > 1
+    source = "auto" if auto else (sources[0] if sources else "auto")
+    targets = sorted({t for direct, pivoted in reachable.values() for t in (*direct, *pivoted)})
+    target = next((t for t in targets if t != source and t != catalog.pivot), targets[0] if targets else "")
+    keys = bool(service.config.api_key_digests)
+    return {"charLimit": service.config.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": keys,
+            "keyRequired": keys, "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+            "language": {"source": {"code": source, "name": "Auto Detect" if source == "auto"
+                                    else described(source)["name"] or source},
+                         "target": {"code": target, "name": described(target)["name"] or target}}}
 
 
 def router(service: Service) -> APIRouter:
@@ -101,84 +162,140 @@ def router(service: Service) -> APIRouter:
         except TwostepError as exc:
             return REFUSED.response(service, exc)
 
+    @routes.get("/frontend/settings")
+    async def frontend_settings():
+        try:
+            return settings_of(service)
+        except TwostepError as exc:
+            return REFUSED.response(service, exc)
+
+    @routes.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @routes.get("/spec")
+    async def spec(request: Request):
+        return request.app.openapi()
+
+    @routes.post("/detect")
+    async def detect(request: Request):
+        try:
+            body = await fields(request)
+            check_key(service, request, body)
+            texts, _ = texts_of(body)
+            service.check_size(texts)
+            found = await service.detect(texts)
+        except KeyRefused as exc:
+            return error(exc.status, str(exc))
+        except TwostepError as exc:
+            return REFUSED.response(service, exc)
+        return JSONResponse(ranked_languages(found, service.running().source_tags()))
+
     @routes.post("/translate")
     async def translate(request: Request):
         try:
             body = await fields(request)
             check_key(service, request, body)
-            future, finished, answer = prepare(body)
+            ask = Ask.of(body)
+            service.check_size(ask.texts)
+            groups, detected = await plan(ask)
         except KeyRefused as exc:
             return error(exc.status, str(exc))
         except TwostepError as exc:
             return REFUSED.response(service, exc)
+        out: list = list(ask.texts)  # a text with nothing to translate stays as it came
+        alternatives: list[list[str]] = [[] for _ in ask.texts]
         try:
-            results = await until_disconnected(asyncio.wrap_future(future), request)
-        except TwostepError as exc:
-            return error(400, str(exc))
-        if results is None:  # the client went away; its rows were dropped
-            return Response(status_code=499)
-        return JSONResponse(answer(await finished(results)))
+            done = await asyncio.gather(*(translated(ask, route, [ask.texts[i] for i in where], request)
+                                          for route, where in groups))
+        except TwostepError as exc:  # refused (an over-long sentence, the queue), or failed while decoding
+            return REFUSED.response(service, exc)
+        for (_, where), answers in zip(groups, done):
+            if answers is None:  # the client went away; its rows were dropped
+                return Response(status_code=499)
+            for i, (text, others) in zip(where, answers):
+                out[i], alternatives[i] = text, others
+        answer = {"translatedText": out[0] if ask.one else out}
+        if ask.alternatives:
+            answer["alternatives"] = alternatives[0] if ask.one else alternatives
+        if detected is not None:
+            answer["detectedLanguage"] = detected[0] if ask.one else detected
+        return JSONResponse(answer)
 
-    def prepare(body: dict):
-        """Check and queue a request: (the future of its sentences' hypotheses, what makes the answer of them)."""
-        q = body.get("q")
-        one = isinstance(q, str)
-        texts = [q] if one else q
-        if not q or not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise BadInput("Invalid request: missing q parameter (a text, or a list of texts)")
-        source, target = language(body.get("source"), "source"), language(body.get("target"), "target")
-        markup = body.get("format") or "text"
-        if markup not in ("text", "html"):
-            raise BadInput(f"{markup} format is not supported: format text or html")
-        try:
-            alternatives = max(0, int(body.get("alternatives") or 0))
-        except (TypeError, ValueError):
-            raise BadInput("Invalid request: alternatives parameter is not a number") from None
-        translator = service.running()
-        tokenizer = translator.tokenizer
-        known = tokenizer.spec.languages if tokenizer else None
-        if source == "auto" and known and known.source:
-            raise BadInput("source auto needs a language detector, which this server does not have: name the "
-                           "source language (GET /languages lists them)")
-        # a model that names no languages (a bilingual one) translates its one pair, whatever the codes say
-        source = source if known and known.source else None
-        target = target if known and known.target else None
-        service.check_size(texts)
-        if markup == "html":  # the text nodes of every text, in order
-            fragments = [parse_html(text) for text in texts]
-            nodes = [node for fragment in fragments for node in fragment.sources()]
-            alternatives = 0  # as LibreTranslate: none for html
-        else:
-            nodes = texts
-        options = translator.translator.options
-        if alternatives:
-            options = replace(options, beam_size=max(options.beam_size, alternatives + 1), n_best=alternatives + 1)
-        sources, plan = service.encode(nodes, source, target)
-        future = service.submit(sources, options, target)
+    async def plan(ask: Ask) -> tuple[list[tuple[Route, list[int]]], list[dict] | None]:
+        """The routes of a request's texts, each with the indices of its texts (those with something to
+        translate), and what was detected of each text (None unless `source` is auto)."""
+        catalog = service.running()
+        todo = [i for i, text in enumerate(ask.texts) if translatable(text)]
+        detect = ask.source == "auto" and bool(catalog.source_tags())
+        if not detect:
+            # an unknown code, or a pair without a route, fails the request whole
+            route = catalog.route(ask.source, ask.target, lenient=True)
+            return ([(route, todo)] if todo else []), None
+        found = await service.detect([node_text(ask, ask.texts[i]) for i in todo])
+        detected = [{"confidence": 0.0, "language": fallback(catalog.source_tags())} for _ in ask.texts]
+        by_source: dict[str, list[int]] = {}
+        for i, candidates in zip(todo, found):
+            if not candidates:
+                raise BadInput(f"the language of text {i + 1} is none of those this server translates from "
+                               f"({', '.join(catalog.source_tags())}): name the source")
+            tag, confidence = candidates[0]
+            detected[i] = {"confidence": float(confidence), "language": tag}
+            by_source.setdefault(tag, []).append(i)
+        return [(catalog.route(tag, ask.target, lenient=True), where) for tag, where in by_source.items()], detected
 
-        async def finished(results):
-            return await translator.replace_unknowns_async(sources, results, options, target)
+    async def translated(ask: Ask, route: Route, texts: list[str], request: Request) -> list | None:
+        """Each text's translation and alternatives along `route` (None: the client went away)."""
+        fragments = [parse_html(text) for text in texts] if ask.markup == "html" else None
+        nodes = [node for fragment in fragments for node in fragment.sources()] if fragments else texts
 
-        def answer(results) -> dict:
-            decode = translator.translator.text
-            ranked = [[decode(h) for h in hyps] for hyps in results]  # per sentence, best first
-            best = plan.join([r[0] if r else "" for r in ranked])
-            if markup == "html":
-                out, at = [], 0
-                for fragment in fragments:
-                    n = len(fragment.texts)
-                    out.append(fragment.join(best[at : at + n]))
-                    at += n
-                best = out
-            answer = {"translatedText": best[0] if one else best}
-            if alternatives:
-                others = [plan.join([r[min(k, len(r) - 1)] if r else "" for r in ranked])
-                          for k in range(1, alternatives + 1)]
-                per_text = [list(dict.fromkeys(alt[i] for alt in others if alt[i] != best[i]))
-                            for i in range(len(texts))]
-                answer["alternatives"] = per_text[0] if one else per_text
-            return answer
+        def options(translator, last: bool):
+            options = translator.translator.options
+            if last and ask.alternatives:
+                n = ask.alternatives + 1
+                options = replace(options, beam_size=max(options.beam_size, n), n_best=n)
+            return options
 
-        return future, finished, answer
+        done: Translated | None = await service.translate(nodes, route, options, request=request)
+        if done is None:
+            return None
+        plan = done.plan
+        best = plan.join([r[0] if r else "" for r in done.ranked])
+        if fragments:
+            out, at = [], 0
+            for fragment in fragments:
+                n = len(fragment.texts)
+                out.append(fragment.join(best[at:at + n]))
+                at += n
+            return [(text, []) for text in out]
+        others = [plan.join([r[min(k, len(r) - 1)] if r else "" for r in done.ranked])
+                  for k in range(1, ask.alternatives + 1)]
+        return [(best[i], list(dict.fromkeys(alt[i] for alt in others if alt[i] != best[i])))
+                for i in range(len(texts))]
 
     return routes
+
+
+def node_text(ask: Ask, text: str) -> str:
+    """What a text's language is detected from: its text nodes for html."""
+    return " ".join(parse_html(text).sources()) if ask.markup == "html" else text
+
+
+def fallback(sources: list[str]) -> str:
+    """The language LibreTranslate names, with confidence 0, for a text it cannot detect: English where the
+    server translates from it, else its first source language."""
+    return "en" if "en" in sources or not sources else sources[0]
+
+
+def ranked_languages(found: list[list[tuple[str, float]]], sources: list[str]) -> list[dict]:
+    """POST /detect's answer for one text or a list (LibreTranslate answers one list for a list): each language
+    with its confidence averaged over the texts (0 where a text did not name it), best first; where nothing was
+    detected, LibreTranslate's fallback with confidence 0."""
+    total: dict[str, float] = {}
+    for candidates in found:
+        for tag, confidence in candidates:
+            total[tag] = total.get(tag, 0.0) + confidence
+    if not total:
+        return [{"confidence": 0.0, "language": fallback(sources)}]
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])
+    return [{"confidence": round(value / len(found), 1), "language": tag} for tag, value in ranked]

@@ -1,5 +1,5 @@
-"""Health, readiness and metrics: GET /healthz (alive), /readyz (the model is loaded and takes requests; 503
-while loading or draining), /metrics (Prometheus text format)."""
+"""Health, readiness and metrics: GET /healthz (alive), /readyz (the models are loaded, or with --max-loaded the
+first of them, and take requests; 503 while loading or draining), /metrics (Prometheus text format)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def router(service: Service) -> APIRouter:
             return error(503, "not ready")
         if service.draining:
             return error(503, "draining: shutting down soon")
-        return {"status": "ready", "backend": service.backend.name}
+        return {"status": "ready", "backend": service.backend_name}
 
     @routes.get("/metrics")
     async def metrics():

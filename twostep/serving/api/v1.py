@@ -2,7 +2,11 @@
 
     POST /v1/translate   {"text": [...]} or {"ids": [[...], ...]}, with decoding options -> hypotheses;
                          with "stream": true, server-sent events as the translations decode (`events`)
-    GET  /v1/languages   the model's language codes, their standard tags and names, each source's targets
+    GET  /v1/languages   the languages a request may name (one model: its own codes), their standard tags and
+                         names, each source's targets (those reached through the pivot marked), the models
+
+A request goes to the model that has its pair, or through the pivot language (twostep.serving.models);
+`src_lang: auto` detects each text's language (the answer's `detected`), its texts then routed by language.
 
 Bad JSON or fields: 400 {"error": ...}; too many sentences or characters, or too much work: 413; queue full or
 shutting down: 503 with Retry-After; a client gone before its answer: its rows leave the batch (499 logged).
@@ -14,7 +18,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Optional
 
 from fastapi import APIRouter, Request
@@ -22,12 +27,13 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
 
-from twostep.artifact.tokenizer import Languages, MissingLanguage
-from twostep.errors import TwostepError
+from twostep.artifact.tokenizer import MissingLanguage
+from twostep.errors import BadInput, TwostepError
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.documents import DocumentPlan
 from twostep.runtime.streaming import Delta, Event, SentenceDone, TextDone, TextEvents
-from twostep.serving.service import V1_REFUSED, NotReady, Service, described, error, until_disconnected
+from twostep.serving.models import Catalog, Route, Unsupported, described
+from twostep.serving.service import V1_REFUSED, Service, Translated, error, until_disconnected
 
 
 class TranslateRequest(BaseModel):
@@ -62,13 +68,17 @@ class TranslateRequest(BaseModel):
                                              "to most (CTranslate2's replace_unknowns; false unless the model says "
                                              "otherwise, as an Argos package does).")
     src_lang: Optional[str] = Field(None, description="Source language: the model's code (M2M100: en; NLLB: "
-                                    "eng_Latn; mBART-50: en_XX) or a standard one (en, eng, en-US).")
+                                    "eng_Latn; mBART-50: en_XX) or a standard one (en, eng, en-US); auto: each "
+                                    "text's, detected (the answer's `detected`).")
     tgt_lang: Optional[str] = Field(None, description="Target language: the model's code (M2M100: fr; NLLB: "
                                     "fra_Latn; mBART-50: fr_XX; Marian: fra for >>fra<<) or a standard one (fr, "
                                     "fra, fr-FR).")
 
-    def options(self, translator) -> DecodeOptions:
-        """The request's options over the model's defaults (translator: a BatchingTranslator)."""
+    def options(self, translator, last: bool = True) -> DecodeOptions:
+        """The request's options over the model's defaults (translator: a BatchingTranslator); a pivot's first leg
+        (not `last`) keeps one hypothesis a sentence."""
+        if not last:
+            return replace(self.options(translator), n_best=1)
         return translator.options_with(
             beam_size=self.beam, n_best=self.n_best, length_penalty=self.length_penalty,
             max_new_tokens=self.max_new_tokens, min_new_tokens=self.min_new_tokens, sampling=self.sampling,
@@ -90,17 +100,24 @@ class Hypothesis(BaseModel):
     sentences: Optional[list[Sentence]] = Field(None, description="A text of several sentences: each one's best.")
 
 
+class Detected(BaseModel):
+    language: str
+    confidence: float = Field(description="0-100")
+
+
 class TranslateResponse(BaseModel):
     translations: list[list[Hypothesis]] = Field(description="Per text (or ids), in request order: its n_best "
                                                  "hypotheses; a text of several sentences has one, its sentences' "
-                                                 "best joined.")
+                                                 "best joined. Through a pivot: the second model's.")
+    detected: Optional[list[Detected]] = Field(None, description="With src_lang auto: each text's language.")
 
 
-def hypotheses(plan: DocumentPlan, results: list, decode) -> list[list[dict]]:
+def hypotheses(done: Translated) -> list[list[dict]]:
     """Each text's hypotheses from its sentences' (DocumentPlan.join_nbest's rule: a one-sentence text keeps its
     n-best, in its whitespace; a text of several sentences has one, their best joined), with the tokens of a
     one-sentence text's, or each sentence's best."""
-    texts = [[(decode(h), h.score) for h in hyps] for hyps in results]
+    plan, results = done.plan, done.results
+    texts = [[(text, h.score) for text, h in zip(ranked, hyps)] for ranked, hyps in zip(done.ranked, results)]
     out = []
     for joined, part, part_texts in zip(plan.join_nbest(texts), plan.parts(results), plan.parts(texts)):
         if len(part) == 1:
@@ -112,26 +129,48 @@ def hypotheses(plan: DocumentPlan, results: list, decode) -> list[list[dict]]:
     return out
 
 
-def language_list(languages: Languages | None) -> dict:
-    """GET /v1/languages: the codes the model takes (a request may also name them by a standard code, see
-    twostep.artifact.tokenizer.standard_matches), each source with the targets it translates to. A model without
-    source codes takes its source text as it is; one without target codes (a bilingual Marian) translates to its
-    one language."""
-    if languages is None:
-        return {"source": [], "target": [], "default_source": None, "default_target": None}
-    targets = sorted(languages.target)
-    return {"source": [{**described(code), "targets": targets} for code in sorted(languages.source)],
-            "target": [described(code) for code in targets],
-            "default_source": languages.default_source, "default_target": languages.default_target}
+def language_list(catalog: Catalog) -> dict:
+    """GET /v1/languages: the languages a request may name, each source with the targets it translates to
+    (`pivoted`: those reached through the pivot language), and each model's. One model: its own codes (a request
+    may also name them by a standard code, see twostep.artifact.tokenizer.standard_matches); a model without
+    source codes takes its source text as it is, one without target codes (a bilingual Marian) translates to its
+    one language. Several: each language by its standard tag (twostep.serving.models)."""
+    single = catalog.single
+    models = [{"name": m.name, "source": sorted({m.names[c] for c in m.sources}),
+               "target": sorted({m.names[c] for c in m.targets})} for m in catalog.models]
+    if single is not None:
+        languages = single.languages
+        if languages is None:
+            return {"source": [], "target": [], "default_source": None, "default_target": None, "models": models}
+        targets = sorted(languages.target)
+        return {"source": [{**described(code), "targets": targets, "pivoted": []} for code in sorted(languages.source)],
+                "target": [described(code) for code in targets],
+                "default_source": languages.default_source, "default_target": languages.default_target,
+                "models": models}
+    reachable = catalog.reachable()
+    targets = sorted({t for direct, pivoted in reachable.values() for t in (*direct, *pivoted)})
+    return {"source": [{**described(tag), "code": tag, "targets": sorted({*direct, *pivoted}), "pivoted": pivoted}
+                       for tag, (direct, pivoted) in reachable.items()],
+            "target": [{**described(tag), "code": tag} for tag in targets],
+            "default_source": None, "default_target": None, "models": models}
 
 
-async def events(stream: AsyncIterator[Event], plan: DocumentPlan, service: Service) -> AsyncIterator[dict]:
+async def events(stream: AsyncIterator[Event], plan: DocumentPlan, service: Service,
+                 release: Callable[[], None] = lambda: None) -> AsyncIterator[dict]:
     """A stream's server-sent events, each's data a JSON object (`text`: the text's index in the request,
     `sentence`: the sentence's in its text): `delta` {text, sentence, delta} as a sentence's translation grows
     (greedy search and sampling: its deltas joined are its translation); `sentence` {text, sentence,
     translation, score, hypotheses} once it is done; `text` {text, translation} once a text's sentences are all
     done, joined with its whitespace; `end` {} last; or `error` {error} if decoding fails. A client that goes away
-    has the stream closed and its rows dropped."""
+    has the stream closed and its rows dropped. `release()` once it ends (the model it lent)."""
+    try:
+        async for event in sse_events(stream, plan, service):
+            yield event
+    finally:
+        release()
+
+
+async def sse_events(stream: AsyncIterator[Event], plan: DocumentPlan, service: Service) -> AsyncIterator[dict]:
     where = [(t, j) for t, doc in enumerate(plan.documents) for j in range(len(doc.sentences))]
     started, first = time.perf_counter(), True
     async with contextlib.aclosing(stream):
@@ -163,50 +202,97 @@ def sse(event: str, data: dict) -> dict:
 def router(service: Service) -> APIRouter:
     routes = APIRouter(prefix="/v1", tags=["twostep"])
 
-    @routes.post("/translate", response_model=TranslateResponse,
+    @routes.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
                  responses={400: {"description": "Bad JSON, fields or input"}, 413: {"description": "Too large"},
                             503: {"description": "Queue full or shutting down; see Retry-After"}})
     async def translate(body: TranslateRequest, request: Request):
         if (body.text is None) == (body.ids is None):
             return error(400, "bad request: give either text or ids")
         try:
-            translator = service.running()
+            catalog = service.running()
+            if body.text is not None:
+                service.check_size(body.text)
+            groups, detected = await plan(catalog, body)
+            if body.stream or body.ids is not None:
+                if body.stream and body.text is None:
+                    return error(400, "bad request: stream takes text, not ids")
+                if len(groups) != 1 or len(groups[0][0].legs) != 1:
+                    what = "stream" if body.stream else "ids"
+                    raise BadInput(f"bad request: {what} needs one model for the request: its texts' languages "
+                                   "route to several, or through the pivot language (or need none)")
+                return await direct(groups[0][0], body, request)
+            done = await asyncio.gather(*(service.translate([body.text[i] for i in where], route, body.options,
+                                                            body.split, request) for route, where in groups))
+        except MissingLanguage as exc:  # named as the request's field, not the CLI's option
+            return error(400, exc.worded(MissingLanguage.FIELDS[exc.side]))
+        except Unsupported as exc:  # in twostep's words, which list the codes
+            return error(400, exc.plain)
+        except TwostepError as exc:
+            return V1_REFUSED.response(service, exc)
+        out: list = [None] * len(body.text)
+        for (_, where), translated in zip(groups, done):
+            if translated is None:  # the client went away; its rows were dropped
+                return Response(status_code=499)
+            for i, hyps in zip(where, hypotheses(translated)):
+                out[i] = hyps
+        # TranslateResponse's shape, built as plain JSON: validating our own output per request buys nothing
+        return JSONResponse({"translations": out, **({"detected": detected} if detected is not None else {})})
+
+    async def plan(catalog: Catalog, body: TranslateRequest) -> tuple[list[tuple[Route, list[int]]], list | None]:
+        """The routes of a request's texts (or ids), each with the indices of its texts, and what was detected of
+        each text (None unless src_lang is auto)."""
+        count = len(body.text if body.text is not None else body.ids)
+        if body.src_lang != "auto" or not catalog.source_tags():
+            return [(catalog.route(body.src_lang, body.tgt_lang), list(range(count)))], None
+        if body.text is None:
+            raise BadInput("bad request: src_lang auto takes text, not ids")
+        found = await service.detect(body.text)
+        by_source: dict[str, list[int]] = {}
+        for i, candidates in enumerate(found):
+            if not candidates:
+                raise BadInput(f"the language of text {i + 1} is none of those this server translates from "
+                               f"({', '.join(catalog.source_tags())}): name src_lang")
+            by_source.setdefault(candidates[0][0], []).append(i)
+        detected = [{"language": c[0][0], "confidence": float(c[0][1])} for c in found]
+        return [(catalog.route(tag, body.tgt_lang), where) for tag, where in by_source.items()], detected
+
+    async def direct(route: Route, body: TranslateRequest, request: Request):
+        """A request for one model's engine itself: token ids, or a stream."""
+        leg = route.legs[0]
+        entry = await service.pool.acquire(leg.model)
+        translator = entry.translator
+        try:
             options = body.options(translator)
             if body.text is not None:
-                sources, plan = service.encode(body.text, body.src_lang, body.tgt_lang, body.split)
+                sources, plan = service.encode(translator, body.text, leg.source, leg.target, body.split)
             else:
                 service.check_size(body.ids, "token ids")
                 sources = body.ids
             if body.stream:
-                if body.text is None:
-                    return error(400, "bad request: stream takes text, not ids")
                 service.check_sentences(len(sources))
-                stream = translator.stream_ids_async(sources, options, body.tgt_lang, TextEvents(plan))
-                return EventSourceResponse(events(stream, plan, service), ping=15, shutdown_grace_period=55)
-            future = service.submit(sources, options, body.tgt_lang)
-        except MissingLanguage as exc:  # named as the request's field, not the CLI's option
-            return error(400, exc.worded(MissingLanguage.FIELDS[exc.side]))
-        except TwostepError as exc:
-            return V1_REFUSED.response(service, exc)
-        try:
-            results = await until_disconnected(asyncio.wrap_future(future), request)
-        except TwostepError as exc:  # raised while decoding: an engine profile's limit, say
-            return error(400, str(exc))
-        if results is None:  # the client went away; its rows were dropped
-            return Response(status_code=499)
-        results = await translator.replace_unknowns_async(sources, results, options, body.tgt_lang)
-        # TranslateResponse's shape, built as plain JSON: validating our own output per request buys nothing
-        if body.text is None:
+                stream = translator.stream_ids_async(sources, options, leg.target, TextEvents(plan))
+                released, entry = entry, None  # the stream's end releases it
+                return EventSourceResponse(events(stream, plan, service, lambda: service.pool.release(released)),
+                                           ping=15, shutdown_grace_period=55)
+            future = service.submit(translator, sources, options, leg.target)
+            try:
+                results = await until_disconnected(asyncio.wrap_future(future), request)
+            except TwostepError as exc:  # raised while decoding: an engine profile's limit, say
+                return error(400, str(exc))
+            if results is None:  # the client went away; its rows were dropped
+                return Response(status_code=499)
+            results = await translator.replace_unknowns_async(sources, results, options, leg.target)
             return JSONResponse({"translations": [[{"tokens": h.tokens, "score": h.score} for h in hyps]
                                                   for hyps in results]})
-        return JSONResponse({"translations": hypotheses(plan, results, translator.translator.text)})
+        finally:
+            if entry is not None:
+                service.pool.release(entry)
 
     @routes.get("/languages")
     async def languages():
         try:
-            tokenizer = service.running().tokenizer
-        except NotReady as exc:
+            return language_list(service.running())
+        except TwostepError as exc:
             return V1_REFUSED.response(service, exc)
-        return language_list(tokenizer.spec.languages if tokenizer else None)
 
     return routes
