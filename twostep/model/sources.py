@@ -10,10 +10,10 @@ from pathlib import Path
 
 from twostep.errors import BadCheckpoint
 from twostep.model import argos
-from twostep.model.checkpoint import Checkpoint, save_checkpoint
+from twostep.model.checkpoint import Checkpoint
 from twostep.model.ct2 import CT2Model, find_spm, import_ct2
-from twostep.model.hf import import_hf_directory, is_hub_name
-from twostep.model.hf.common import Imported
+from twostep.model.hf import is_hub_name, read_hf_directory
+from twostep.model.hf.common import Imported, save_imported
 
 
 def is_ct2_directory(src: Path) -> bool:
@@ -45,12 +45,8 @@ def import_model(src: Path, out_dir: Path, fmt: str | None = None, force: bool =
     name = fmt if fmt in FORMATS else None if fmt else next((n for n, (holds, _) in FORMATS.items() if holds(src)),
                                                             None)
     if name is None:
-        return import_hf_directory(src, out_dir, fmt, force=force)
-    imported = FORMATS[name][1](src, tokenizer, target_tokenizer)
-    info = {"imported_from": {"format": imported.family or name, "directory": str(src), "notes": imported.notes,
-                              **imported.source},
-            "tokenizer": imported.tokenizer.to_json()}
-    if imported.decoding:
-        info["decoding"] = imported.decoding
-    path = save_checkpoint(imported.model, out_dir, info=info, force=force, tokenizer_files=imported.files)
-    return Checkpoint(path=path, model=imported.model, task=None, info=info)
+        imported, directory = read_hf_directory(src, fmt)
+    else:
+        imported, directory = FORMATS[name][1](src, tokenizer, target_tokenizer), src
+        imported.family = imported.family or name
+    return save_imported(imported, directory, out_dir, force)
