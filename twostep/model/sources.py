@@ -5,6 +5,7 @@ config.json's model_type). `--format` names one: argos, ctranslate2, or a transf
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,8 +40,10 @@ def is_model_source(src: Path) -> bool:
 
 
 def import_model(src: Path, out_dir: Path, fmt: str | None = None, force: bool = False,
-                 tokenizer: Path | None = None, target_tokenizer: Path | None = None) -> Checkpoint:
-    """Import a model directory or package (`fmt`: its kind, else found) into a twostep checkpoint at out_dir."""
+                 tokenizer: Path | None = None, target_tokenizer: Path | None = None,
+                 src_lang: str | None = None, tgt_lang: str | None = None) -> Checkpoint:
+    """Import a model directory or package (`fmt`: its kind, else found) into a twostep checkpoint at out_dir;
+    `src_lang`, `tgt_lang` name (or rename) a bilingual model's pair (Languages.named)."""
     src = Path(src)
     name = fmt if fmt in FORMATS else None if fmt else next((n for n, (holds, _) in FORMATS.items() if holds(src)),
                                                             None)
@@ -49,4 +52,7 @@ def import_model(src: Path, out_dir: Path, fmt: str | None = None, force: bool =
     else:
         imported, directory = FORMATS[name][1](src, tokenizer, target_tokenizer), src
         imported.family = imported.family or name
+    if src_lang is not None or tgt_lang is not None:
+        languages = imported.tokenizer.languages.named(src_lang, tgt_lang)
+        imported.tokenizer = dataclasses.replace(imported.tokenizer, languages=languages)
     return save_imported(imported, directory, out_dir, force)
