@@ -344,9 +344,10 @@ def test_a_marian_names_only_the_pair_its_tokenizer_config_gives(marian_pair, tm
     assert load_spec(tmp_path / "ckpt").languages == (pair(*expected["pair"]) if expected else Languages())
 
 
-def test_a_multi_target_marian_keeps_its_target_tokens_and_gains_its_named_source(marian_hf, tmp_path):
+@pytest.mark.parametrize("target_lang", ["mul", "deu"])
+def test_a_multi_target_marian_keeps_its_target_tokens_and_gains_its_named_source(marian_hf, tmp_path, target_lang):
     """OPUS-MT's en-mul names source_lang eng and target_lang mul: the source is named, the targets stay the
-    >>xx<< tokens, with no default target."""
+    >>xx<< tokens, with no default target, whatever target_lang says."""
     from twostep.artifact.tokenizer import TargetLanguage
     from twostep.model.hf import import_hf_directory
 
@@ -354,7 +355,7 @@ def test_a_multi_target_marian_keeps_its_target_tokens_and_gains_its_named_sourc
     bare = tmp_path / "bare"
     import_hf_directory(marian_hf, bare / "ckpt")
     assert load_spec(bare / "ckpt").languages.source == {}
-    named = broken_copy(marian_hf, tmp_path, edit_tokenizer_config(source_lang="eng", target_lang="mul"))
+    named = broken_copy(marian_hf, tmp_path, edit_tokenizer_config(source_lang="eng", target_lang=target_lang))
     import_hf_directory(named, tmp_path / "ckpt")
     languages = load_spec(tmp_path / "ckpt").languages
     assert languages.source == {"eng": ()} and languages.default_source == "eng"
