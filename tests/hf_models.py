@@ -71,8 +71,10 @@ def randomize(model, seed: int, std: float | None = None) -> None:
             model.final_logits_bias.normal_(0, 0.5)
 
 
-def marian_dir(out: Path, separate: bool = False, seed: int = 0, train_steps: int | None = None) -> Path:
-    """A Marian model: shared vocabulary with >>fra<</>>deu<< language tokens, or separate vocabularies."""
+def marian_dir(out: Path, separate: bool = False, seed: int = 0, train_steps: int | None = None,
+               pair: tuple[str, str] | None = None) -> Path:
+    """A Marian model: shared vocabulary with >>fra<</>>deu<< language tokens, or separate vocabularies; `pair`:
+    the (source_lang, target_lang) its tokenizer_config.json names (OPUS-MT's en, de), else none."""
     import torch
     from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
 
@@ -101,6 +103,8 @@ def marian_dir(out: Path, separate: bool = False, seed: int = 0, train_steps: in
         target_vocab = table(target, [])
         (work / "target_vocab.json").write_text(json.dumps(target_vocab))
         kwargs = dict(target_vocab_file=str(work / "target_vocab.json"), separate_vocabs=True)
+    if pair is not None:
+        kwargs.update(source_lang=pair[0], target_lang=pair[1])
     tokenizer = MarianTokenizer(str(source), str(target), str(work / "vocab.json"), **kwargs)
     pad = vocab["<pad>"]
     config = MarianConfig(

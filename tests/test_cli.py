@@ -91,6 +91,14 @@ def test_import_unknown_format(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_import_names_no_languages_for_a_state_dict(tmp_path):
+    torch.save({"w": torch.zeros(1)}, tmp_path / "x.pt")
+    result = twostep("import", tmp_path / "x.pt", "--format", "annotated", "--heads", "4", "--out", tmp_path / "o",
+                     "--src-lang", "en")
+    assert_user_error(result, "x.pt is a state dict file: --src-lang and --tgt-lang name the languages")
+    assert not (tmp_path / "o").exists()
+
+
 def test_text_commands_need_a_tokenizer(tmp_path):
     assert twostep("init", "--preset", "tiny", "--vocab", "50", "--out", tmp_path / "ck").returncode == 0
     assert_user_error(twostep("translate", tmp_path / "ck", "one"), "this model has no tokenizer")

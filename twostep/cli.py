@@ -536,6 +536,9 @@ def import_cmd(
                                              "CTranslate2 directory: its SentencePiece model (default: found in it)."),
     target_tokenizer: Optional[Path] = typer.Option(None, help="A CTranslate2 directory: the target side's "
                                                     "SentencePiece model, where it has its own."),
+    src_lang: Optional[str] = typer.Option(None, help="A bilingual model's source language (BCP-47 or ISO 639: "
+                                           "en), where its files name none or another (a CTranslate2 directory)."),
+    tgt_lang: Optional[str] = typer.Option(None, help="A bilingual model's target language (de), likewise."),
     max_positions: Optional[int] = typer.Option(None, min=1, help="A state dict: keep only the first N positions."),
     scale_emb_or_prj: str = typer.Option("prj", help="jadore: 'emb', 'prj' or 'none', as it was trained."),
     pad_id: int = typer.Option(0), unk_id: int = typer.Option(1), bos_id: int = typer.Option(2),
@@ -547,7 +550,8 @@ def import_cmd(
     from twostep.model.sources import import_model, is_model_source
 
     if is_model_source(src):  # a transformers or CTranslate2 directory, an Argos package, a hub name ORG/NAME
-        ckpt = import_model(src, out_dir, fmt, force=force, tokenizer=tokenizer, target_tokenizer=target_tokenizer)
+        ckpt = import_model(src, out_dir, fmt, force=force, tokenizer=tokenizer, target_tokenizer=target_tokenizer,
+                            src_lang=src_lang, tgt_lang=tgt_lang)
         fmt = ckpt.info["imported_from"]["format"]
         for note in ckpt.info["imported_from"]["notes"]:
             err.print(f"note: {note}", markup=False, highlight=False)
@@ -557,6 +561,9 @@ def import_cmd(
         if fmt is None or n_heads is None:
             raise BadInput(f"{src} is a state dict file: give its --format and --heads (a transformers model is a "
                            "directory)")
+        if src_lang is not None or tgt_lang is not None:
+            raise BadInput(f"{src} is a state dict file: --src-lang and --tgt-lang name the languages of a model "
+                           "directory or package")
         options = ImportOptions(n_heads=n_heads, max_positions=max_positions, scale_emb_or_prj=scale_emb_or_prj,
                                 pad_id=pad_id, unk_id=unk_id, bos_id=bos_id, eos_id=eos_id)
         ckpt = import_state_dict_file(src, fmt, out_dir, options, tokenizer, force=force)

@@ -207,6 +207,25 @@ def test_an_argos_package_imports_with_its_languages(ct2_models, tmp_path):
     assert all(np.array_equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
 
 
+def test_src_lang_and_tgt_lang_name_a_ct2_models_pair_and_rename_an_argos_packages(ct2_models, tmp_path):
+    """A CTranslate2 directory names no languages: `twostep import --src-lang --tgt-lang` names its pair, in the
+    Argos shape (no token, the defaults); an Argos package's named pair may be renamed (its files' pt for pt-BR)."""
+    from twostep.model.checkpoint import read_tokenizer
+
+    model = with_spm(ct2_models.ct2, ct2_models.spm, tmp_path / "model")
+    assert twostep("import", model, "--out", tmp_path / "bare").returncode == 0
+    assert read_tokenizer(tmp_path / "bare").languages.to_json()["source"] == {}
+    for src, langs, want in ((model, ("en", "de"), ("en", "de")), (ct2_models.argos, ("en", "fr-CA"), ("en", "fr-CA")),
+                             (ct2_models.argos, ("de", None), ("de", "fr"))):
+        out = tmp_path / f"{src.name}-{langs[0]}"
+        result = twostep("import", src, "--out", out, "--src-lang", langs[0],
+                         *(["--tgt-lang", langs[1]] if langs[1] else []))
+        assert result.returncode == 0, result.stderr
+        languages = read_tokenizer(out).languages.to_json()
+        assert (languages["source"], languages["target"]) == ({want[0]: []}, {want[1]: {"source": [], "decoder": []}})
+        assert (languages["default_source"], languages["default_target"]) == want
+
+
 # --- bad inputs: one line, exit 1, nothing written ---
 
 

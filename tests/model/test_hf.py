@@ -267,3 +267,130 @@ def test_the_imported_config_never_generates_what_generation_config_bans(pretrai
     assert config["never_generate"] == banned
     if pretrained.name.startswith("marian"):
         assert banned == [config["pad_id"]], "the Marian test models ban pad, as OPUS-MT's do"
+
+
+# --- a bilingual model's language pair ---
+
+
+@pytest.fixture(scope="module")
+def marian_pair(tmp_path_factory):
+    """A bilingual Marian (separate vocabularies, no >>xx<< tokens) whose tokenizer_config.json names en -> de."""
+    pytest.importorskip("transformers")
+    return hf_models.marian_dir(tmp_path_factory.mktemp("marian-pair") / "hf", separate=True, train_steps=0,
+                                pair=("en", "de"))
+
+
+def edit_tokenizer_config(**changes):
+    def edit(path):
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        config.update(changes)
+        (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return edit
+
+
+def pair(source: str, target: str):
+    from twostep.artifact.tokenizer import Languages, TargetLanguage
+
+    return Languages(source={source: ()}, target={target: TargetLanguage()}, default_source=source,
+                     default_target=target)
+
+
+def one_line_error(result, *fragments):
+    assert_user_error(result, *fragments)
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+
+
+def test_a_marian_that_names_its_pair_imports_with_it_and_translates_with_or_without_it(marian_pair, tmp_path):
+    """tokenizer_config.json's source_lang/target_lang (as MarianTokenizer saves them) become the Argos shape: one
+    source and one target, adding no token, the defaults; in the artifact (what /languages lists), a request
+    without languages, by the model's codes, or by other standard tags (eng, de-DE) translates alike, with the
+    source ids transformers' tokenizer gives."""
+    from transformers import MarianTokenizer
+
+    from twostep.exporter.export import export
+
+    result = twostep("import", marian_pair, "--out", tmp_path / "ckpt")
+    assert result.returncode == 0, result.stderr
+    assert load_spec(tmp_path / "ckpt").languages == pair("en", "de")
+    export(tmp_path / "ckpt", tmp_path / "art")
+    languages = json.loads((tmp_path / "art" / "manifest.json").read_text())["tokenizer"]["languages"]
+    assert (languages["source"], languages["target"]) == ({"en": []}, {"de": {"source": [], "decoder": []}})
+    assert (languages["default_source"], languages["default_target"]) == ("en", "de")
+    theirs = MarianTokenizer.from_pretrained(marian_pair)
+    ours = Tokenizer.load(tmp_path / "ckpt", load_spec(tmp_path / "ckpt"))
+    for text in TRICKY[:4]:
+        assert ours.encode_source(text) == ours.encode_source(text, src_lang="eng", tgt_lang="de-DE") \
+            == theirs(text).input_ids, text
+    outputs = [twostep("translate", tmp_path / "art", "the cat sat", "--no-split", *langs) for langs in (
+        [], ["--src-lang", "en", "--tgt-lang", "de"], ["--src-lang", "eng", "--tgt-lang", "de-DE"])]
+    assert all(r.returncode == 0 for r in outputs), [r.stderr for r in outputs]
+    assert len({r.stdout for r in outputs}) == 1
+    one_line_error(twostep("translate", tmp_path / "art", "the cat", "--tgt-lang", "fr"),
+                   "unknown target language 'fr': this model has de")
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (edit_tokenizer_config(source_lang=None, target_lang=None), {}),  # as MarianTokenizer saves none
+    (lambda p: (p / "tokenizer_config.json").unlink(), {}),
+    (edit_tokenizer_config(source_lang="mul", target_lang="ROMANCE"), {}),  # OPUS-MT's codes of no one language
+    (edit_tokenizer_config(source_lang="eng", target_lang="deu"), {"pair": ("eng", "deu")}),  # as written
+])
+def test_a_marian_names_only_the_pair_its_tokenizer_config_gives(marian_pair, tmp_path, edit, expected):
+    """Only config fields are trusted (not a hub name's opus-mt-en-de), and only codes of one language."""
+    from twostep.artifact.tokenizer import Languages
+    from twostep.model.hf import import_hf_directory
+
+    import_hf_directory(broken_copy(marian_pair, tmp_path, edit), tmp_path / "ckpt")
+    assert load_spec(tmp_path / "ckpt").languages == (pair(*expected["pair"]) if expected else Languages())
+
+
+@pytest.mark.parametrize("target_lang", ["mul", "deu"])
+def test_a_multi_target_marian_keeps_its_target_tokens_and_gains_its_named_source(marian_hf, tmp_path, target_lang):
+    """OPUS-MT's en-mul names source_lang eng and target_lang mul: the source is named, the targets stay the
+    >>xx<< tokens, with no default target, whatever target_lang says."""
+    from twostep.artifact.tokenizer import TargetLanguage
+    from twostep.model.hf import import_hf_directory
+
+    vocab = json.loads((marian_hf / "vocab.json").read_text())
+    bare = tmp_path / "bare"
+    import_hf_directory(marian_hf, bare / "ckpt")
+    assert load_spec(bare / "ckpt").languages.source == {}
+    named = broken_copy(marian_hf, tmp_path, edit_tokenizer_config(source_lang="eng", target_lang=target_lang))
+    import_hf_directory(named, tmp_path / "ckpt")
+    languages = load_spec(tmp_path / "ckpt").languages
+    assert languages.source == {"eng": ()} and languages.default_source == "eng"
+    assert languages.target == {c: TargetLanguage(source=(vocab[f">>{c}<<"],)) for c in ("fra", "deu")}
+    assert languages.default_target is None
+
+
+def test_src_lang_and_tgt_lang_name_the_pair_of_a_marian_that_names_none(marian_pair, tmp_path):
+    """`twostep import --src-lang --tgt-lang`: the pair of a model whose files name none, or another; it is the
+    artifact's after export."""
+    from twostep.exporter.export import export
+
+    bare = broken_copy(marian_pair, tmp_path, edit_tokenizer_config(source_lang=None, target_lang=None))
+    result = twostep("import", bare, "--out", tmp_path / "ckpt", "--src-lang", "en", "--tgt-lang", "pt-BR")
+    assert result.returncode == 0, result.stderr
+    assert load_spec(tmp_path / "ckpt").languages == pair("en", "pt-BR")
+    export(tmp_path / "ckpt", tmp_path / "art")
+    languages = json.loads((tmp_path / "art" / "manifest.json").read_text())["tokenizer"]["languages"]
+    assert (languages["source"], languages["default_target"]) == ({"en": []}, "pt-BR")
+    result = twostep("import", marian_pair, "--out", tmp_path / "renamed", "--tgt-lang", "nl")
+    assert result.returncode == 0, result.stderr
+    assert load_spec(tmp_path / "renamed").languages == pair("en", "nl")
+
+
+@pytest.mark.parametrize("family, args, fragments", [
+    ("nllb", ["--src-lang", "en"], ["--src-lang names a bilingual model's source language", "its own tokens"]),
+    ("mbart", ["--tgt-lang", "de"], ["--tgt-lang names a bilingual model's target language", "ar_AR, az_AZ"]),
+    ("marian", ["--tgt-lang", "de"], ["its own tokens (deu, fra)", "leave --tgt-lang out"]),
+    ("marian_pair", ["--src-lang", "xx"], ["--src-lang 'xx' is not one language's code", "BCP-47"]),
+    ("marian_pair", ["--tgt-lang", "mul"], ["--tgt-lang 'mul' is not one language's code"]),
+])
+def test_naming_languages_a_model_cannot_take_is_one_line_and_nothing_is_written(request, tmp_path, family, args,
+                                                                                 fragments):
+    src = request.getfixturevalue(family if family == "marian_pair" else f"{family}_hf")
+    out = tmp_path / "ckpt"
+    one_line_error(twostep("import", src, "--out", out, *args), *fragments)
+    assert not out.exists()
+    assert leftovers(tmp_path) == []

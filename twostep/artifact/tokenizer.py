@@ -231,6 +231,18 @@ def standard_aliases(codes: Iterable[str]) -> dict[str, list[str]]:
     return out
 
 
+# ISO 639-2's codes for no one language (multiple, undetermined, none, uncoded): valid tags, but naming no pair
+NOT_A_LANGUAGE = frozenset({"mul", "und", "zxx", "mis"})
+
+
+def is_language_code(code: object) -> bool:
+    """Whether a code names one language: a BCP-47 tag or an ISO 639 code (en, de-AT, eng, fra_Latn)."""
+    import langcodes
+
+    return isinstance(code, str) and langcodes.tag_is_valid(code) and \
+        code.replace("_", "-").split("-")[0].lower() not in NOT_A_LANGUAGE
+
+
 @dataclass(frozen=True)
 class TargetLanguage:
     source: Ids = ()  # before the source pieces (Marian's >>fra<<)
@@ -267,6 +279,32 @@ class Languages:
             have = f"this model has {', '.join(sorted(known))}" if known else f"this model has no {side} languages"
             raise BadInput(f"unknown {side} language {code!r}: {have}")
         return code
+
+    def named(self, source: str | None = None, target: str | None = None) -> Languages:
+        """These languages with a bilingual model's pair named: a side named becomes that one language, which adds
+        no token and is the default (an Argos package's shape), in place of what the side had. A BadInput where a
+        code names no language, or the side's languages are the model's own tokens (M2M100's __fr__, Marian's
+        >>fra<<), which a name cannot replace."""
+        languages = self
+        for side, code in (("source", source), ("target", target)):
+            if code is None:
+                continue
+            option = MissingLanguage.OPTIONS[side]
+            if not is_language_code(code):
+                raise BadInput(f"{option} {code!r} is not one language's code: give a BCP-47 tag or an ISO 639 "
+                               "code (en, de-AT, fra)")
+            known = self.source if side == "source" else self.target
+            tokens = self.source.values() if side == "source" else \
+                [t.source + t.decoder for t in self.target.values()]
+            if any(tokens):
+                listed = ", ".join(sorted(known)[:5]) + (", ..." if len(known) > 5 else "")
+                raise BadInput(f"{option} names a bilingual model's {side} language; this model's {side} languages "
+                               f"are its own tokens ({listed}): leave {option} out, and name one when translating")
+            if side == "source":
+                languages = dataclasses.replace(languages, source={code: ()}, default_source=code)
+            else:
+                languages = dataclasses.replace(languages, target={code: TargetLanguage()}, default_target=code)
+        return languages
 
     def to_json(self) -> dict[str, Any]:
         out = {"source": {c: list(ids) for c, ids in self.source.items()},
@@ -386,4 +424,4 @@ class TokenizerSpec:
                    languages=Languages(source, target, *defaults), detokenize=detokenize)
 
 
-__all__ = ["TokenizerSpec", "Languages", "TargetLanguage", "MissingLanguage"]
+__all__ = ["TokenizerSpec", "Languages", "TargetLanguage", "MissingLanguage", "is_language_code"]

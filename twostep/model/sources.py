@@ -5,15 +5,16 @@ config.json's model_type). `--format` names one: argos, ctranslate2, or a transf
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 from twostep.errors import BadCheckpoint
 from twostep.model import argos
-from twostep.model.checkpoint import Checkpoint, save_checkpoint
+from twostep.model.checkpoint import Checkpoint
 from twostep.model.ct2 import CT2Model, find_spm, import_ct2
-from twostep.model.hf import import_hf_directory, is_hub_name
-from twostep.model.hf.common import Imported
+from twostep.model.hf import is_hub_name, read_hf_directory
+from twostep.model.hf.common import Imported, save_imported
 
 
 def is_ct2_directory(src: Path) -> bool:
@@ -39,18 +40,19 @@ def is_model_source(src: Path) -> bool:
 
 
 def import_model(src: Path, out_dir: Path, fmt: str | None = None, force: bool = False,
-                 tokenizer: Path | None = None, target_tokenizer: Path | None = None) -> Checkpoint:
-    """Import a model directory or package (`fmt`: its kind, else found) into a twostep checkpoint at out_dir."""
+                 tokenizer: Path | None = None, target_tokenizer: Path | None = None,
+                 src_lang: str | None = None, tgt_lang: str | None = None) -> Checkpoint:
+    """Import a model directory or package (`fmt`: its kind, else found) into a twostep checkpoint at out_dir;
+    `src_lang`, `tgt_lang` name (or rename) a bilingual model's pair (Languages.named)."""
     src = Path(src)
     name = fmt if fmt in FORMATS else None if fmt else next((n for n, (holds, _) in FORMATS.items() if holds(src)),
                                                             None)
     if name is None:
-        return import_hf_directory(src, out_dir, fmt, force=force)
-    imported = FORMATS[name][1](src, tokenizer, target_tokenizer)
-    info = {"imported_from": {"format": imported.family or name, "directory": str(src), "notes": imported.notes,
-                              **imported.source},
-            "tokenizer": imported.tokenizer.to_json()}
-    if imported.decoding:
-        info["decoding"] = imported.decoding
-    path = save_checkpoint(imported.model, out_dir, info=info, force=force, tokenizer_files=imported.files)
-    return Checkpoint(path=path, model=imported.model, task=None, info=info)
+        imported, directory = read_hf_directory(src, fmt)
+    else:
+        imported, directory = FORMATS[name][1](src, tokenizer, target_tokenizer), src
+        imported.family = imported.family or name
+    if src_lang is not None or tgt_lang is not None:
+        languages = imported.tokenizer.languages.named(src_lang, tgt_lang)
+        imported.tokenizer = dataclasses.replace(imported.tokenizer, languages=languages)
+    return save_imported(imported, directory, out_dir, force)

@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 
 from twostep.errors import BadCheckpoint
-from twostep.model.checkpoint import Checkpoint, save_checkpoint
+from twostep.model.checkpoint import Checkpoint
 from twostep.model.hf import m2m100, marian, mbart, nllb  # noqa: F401  (each registers its family)
-from twostep.model.hf.common import FAMILIES, HFModel
+from twostep.model.hf.common import FAMILIES, HFModel, Imported, save_imported
 
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
              "pytorch_model.bin", "*.spm", "vocab.json", "target_vocab.json", "sentencepiece.bpe.model",
@@ -47,9 +47,9 @@ def download(repo: str) -> Path:
             from None
 
 
-def import_hf_directory(src: Path, out_dir: Path, fmt: str | None = None, force: bool = False) -> Checkpoint:
-    """Import a transformers model directory (or a hub name ORG/NAME, downloaded); the family is config.json's
-    model_type unless `fmt` names it."""
+def read_hf_directory(src: Path, fmt: str | None = None) -> tuple[Imported, Path]:
+    """A transformers model directory (or a hub name ORG/NAME, downloaded) read, and the directory it was read from;
+    the family is config.json's model_type unless `fmt` names it."""
     src = Path(src)
     if is_hub_name(src):
         src = download(str(src))
@@ -59,7 +59,11 @@ def import_hf_directory(src: Path, out_dir: Path, fmt: str | None = None, force:
         raise BadCheckpoint(f"{hf.path / 'config.json'}: model_type {name!r} is not a family twostep imports; it "
                             f"imports {', '.join(sorted(FAMILIES))} (--format overrides model_type)")
     imported = FAMILIES[name](hf)
-    info = {"imported_from": {"format": imported.family or name, "directory": str(hf.path), "notes": imported.notes},
-            "tokenizer": imported.tokenizer.to_json()}
-    path = save_checkpoint(imported.model, out_dir, info=info, force=force, tokenizer_files=imported.files)
-    return Checkpoint(path=path, model=imported.model, task=None, info=info)
+    imported.family = imported.family or name
+    return imported, hf.path
+
+
+def import_hf_directory(src: Path, out_dir: Path, fmt: str | None = None, force: bool = False) -> Checkpoint:
+    """Import a transformers model directory (or a hub name ORG/NAME) into a twostep checkpoint at out_dir."""
+    imported, directory = read_hf_directory(src, fmt)
+    return save_imported(imported, directory, out_dir, force)

@@ -27,6 +27,7 @@ from twostep.artifact.config import ModelConfig
 from twostep.artifact.tokenizer import Languages, TargetLanguage, TokenizerSpec
 from twostep.errors import BadCheckpoint
 from twostep.files import read_json
+from twostep.model.checkpoint import Checkpoint, save_checkpoint
 from twostep.model.importers import Mapper, read_state_dict, same
 from twostep.model.transformer import Transformer
 
@@ -52,6 +53,17 @@ class Imported:
     family: str | None = None  # where it is not the name it was imported by (NLLB, found under m2m_100)
     decoding: dict[str, Any] = field(default_factory=dict)  # decoding defaults the artifact records (Argos')
     source: dict[str, Any] = field(default_factory=dict)  # more of where it came from (an Argos package's metadata)
+
+
+def save_imported(imported: Imported, directory: Path, out_dir: Path, force: bool = False) -> Checkpoint:
+    """An import saved as a twostep checkpoint at out_dir; `directory`: where it was read from."""
+    info = {"imported_from": {"format": imported.family, "directory": str(directory), "notes": imported.notes,
+                              **imported.source},
+            "tokenizer": imported.tokenizer.to_json()}
+    if imported.decoding:
+        info["decoding"] = imported.decoding
+    path = save_checkpoint(imported.model, out_dir, info=info, force=force, tokenizer_files=imported.files)
+    return Checkpoint(path=path, model=imported.model, task=None, info=info)
 
 
 class HFModel:

@@ -1,14 +1,16 @@
 """Marian (MarianMTModel: OPUS-MT): post-norm, no final norms, Marian's sinusoid, `final_logits_bias` as the
 generator's bias, the decoder starting from pad, two SentencePiece models and `vocab.json` (a separate
 `target_vocab.json` where the vocabularies are not shared); multilingual models' `>>fra<<` tokens, which go
-before the source, are its target languages."""
+before the source, are its target languages. `tokenizer_config.json`'s source_lang and target_lang (as
+MarianTokenizer saves them) name a bilingual model's pair, and a multi-target model's source; a hub name's pair
+(opus-mt-en-de) is not trusted, nor a code that names no one language (OPUS-MT's mul, ROMANCE)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from twostep.artifact.config import ModelConfig
-from twostep.artifact.tokenizer import Languages, TargetLanguage, TokenizerSpec
+from twostep.artifact.tokenizer import Languages, TargetLanguage, TokenizerSpec, is_language_code
 from twostep.errors import BadCheckpoint
 from twostep.model.hf.common import (
     SOURCE_SPM,
@@ -27,6 +29,7 @@ from twostep.model.hf.common import (
     notes,
     read_vocab,
     refuse_unsupported,
+    tokenizer_config,
 )
 from twostep.model.importers import Mapper
 from twostep.model.transformer import position_table
@@ -73,6 +76,7 @@ def import_marian(hf: HFModel) -> Imported:
 
     codes = {piece[2:-2]: i for piece, i in vocab.items() if piece.startswith(">>") and piece.endswith("<<")}
     languages = Languages(target={c: TargetLanguage(source=(i,)) for c, i in codes.items()} if shared else {})
+    languages = named_pair(hf, languages)
     specials = [p for p in ("</s>", "<unk>", "<pad>") if p in vocab] + [f">>{c}<<" for c in codes]
     files: dict[str, Path | bytes] = {SOURCE_SPM: hf.file("source.spm", "Marian's source SentencePiece model"),
                                       SOURCE_VOCAB: hf.path / "vocab.json"}
@@ -87,3 +91,12 @@ def import_marian(hf: HFModel) -> Imported:
         drop_ids=tuple(sorted({eos, cfg.unk_id, cfg.pad_id})), unk_id=vocab["<unk>"],
         special_pieces=tuple(specials), languages=languages)
     return Imported(model, spec, files, notes(hf))
+
+
+def named_pair(hf: HFModel, languages: Languages) -> Languages:
+    """The languages with the pair tokenizer_config.json names: its source_lang, and its target_lang where the
+    targets are not the model's tokens."""
+    tok = tokenizer_config(hf)
+    source, target = tok.get("source_lang"), tok.get("target_lang") if not languages.target else None
+    return languages.named(source if is_language_code(source) else None,
+                           target if is_language_code(target) else None)
