@@ -14,7 +14,14 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-test: setup
+# LibreTranslate's own API tests (in its wheel, never installed) run against `twostep serve`:
+# tests/serving/test_libretranslate_suite.py
+LT_WHEEL := $(VENV)/libretranslate/libretranslate-1.9.6-py3-none-any.whl
+
+$(LT_WHEEL): $(STAMP)
+	$(BIN)/python -m pip download -q --no-deps libretranslate==1.9.6 -d $(VENV)/libretranslate
+
+test: setup $(LT_WHEEL)
 	$(BIN)/lint-imports
 	$(BIN)/ruff check twostep tests benchmarks scripts
 	$(BIN)/python -m pytest

@@ -234,6 +234,26 @@ def argos_artifact(ct2_models, tmp_path_factory) -> Path:
     export(root / "ckpt", root / "art")
     return root / "art"
 
+@pytest.fixture(scope="session")
+def argos_pairs(ct2_models, argos_artifact, tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """Artifacts of three Argos pairs, for a server of many models: en -> fr (argos_artifact), and ct2_models'
+    int8 model packaged again as de -> en and en -> es (the same weights under other pairs' names: what is tested is
+    which model answers), each imported and exported once."""
+    import ct2_models as build
+    from twostep.exporter.export import export
+    from twostep.model.sources import import_model
+
+    root = tmp_path_factory.mktemp("argos-pairs")
+    out = {("en", "fr"): argos_artifact}
+    for source, target in (("de", "en"), ("en", "es")):
+        name = f"{source}_{target}"
+        package = build.argos_package(ct2_models.ct2_int8, ct2_models.spm, root / name, source, target)
+        import_model(package, root / name / "ckpt")
+        export(root / name / "ckpt", root / "artifacts" / name)
+        out[source, target] = root / "artifacts" / name
+    return out
+
+
 # The tests of mbart50_hub take the session's mBART-50 model: `@ONLY_MBART50` picks it among PRETRAINED (a whole
 # PRETRAINED entry for the hub's layout would add about a minute to every run: its own model, export, C++ tests).
 ONLY_MBART50 = pytest.mark.parametrize("pretrained", ["mbart50"], indirect=True)

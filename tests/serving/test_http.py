@@ -269,6 +269,14 @@ def clients_agree(url: str, pretrained) -> None:
     assert client.translate(hf_models.TEST_SENTENCES[0], "en", "fr") == pretrained.greedy[1][0].strip()
     unknown = httpx.post(f"{url}/translate", json={"q": "hello", "source": "en", "target": "xx"}, timeout=60)
     assert unknown.status_code == 400 and unknown.json()["error"] == "xx is not supported"  # LibreTranslate's words
+    if pretrained.name == "nllb":  # LibreTranslate's own codes: zt (zh-Hant) is NLLB's zho_Hant; pb (pt-BR) none
+        first = hf_models.TEST_SENTENCES[0]
+        want = post(url, {"text": [first], "src_lang": "eng_Latn", "tgt_lang": "zho_Hant"})
+        zt = httpx.post(f"{url}/translate", json={"q": first, "source": "en", "target": "zt"}, timeout=60)
+        assert zt.status_code == 200 and want.status_code == 200, (zt.text, want.text)
+        assert zt.json()["translatedText"] == want.json()["translations"][0][0]["text"]
+        pb = httpx.post(f"{url}/translate", json={"q": first, "source": "en", "target": "pb"}, timeout=60)
+        assert (pb.status_code, pb.json()) == (400, {"error": "pb is not supported"})
     listed = {language["code"]: language for language in client.languages()}
     if "src_lang" in pretrained.langs:
         assert listed["en"]["name"] == "English" and "fr" in listed["en"]["targets"]

@@ -50,9 +50,9 @@ def lt(url: str, **body) -> httpx.Response:
 def test_libretranslate_client_translates_as_the_python_runtime(demo_server, reference):
     url, proc = demo_server
     client = libretranslatepy.LibreTranslateAPI(url)
-    # the demo model names no languages: it translates its one pair whatever the codes say
+    # the demo model names no languages: it translates its one pair whatever the codes say (and lists none:
+    # test_many_models lists the languages of models that name theirs)
     assert [client.translate(s, "en", "de") for s in SENTENCES] == reference["greedy"]
-    assert client.languages() == []
     listed = httpx.get(f"{url}/metrics").text
     assert f'twostep_requests_total{{api="libretranslate",status="200"}} {len(SENTENCES)}.0' in listed
 
@@ -79,13 +79,20 @@ def test_html_keeps_its_tags_and_translates_its_text(demo_server, reference):
     assert r.status_code == 200, r.text
     ta, tb, tc = reference["greedy"]
     assert r.json()["translatedText"] == f'<p class="n">{ta}</p>\n<ul><li><b>{tc}</b><li>{tb}</ul><!-- {c} -->'
+    # alternatives asked for html: none (LibreTranslate answers an empty list), the text as without them
+    r = lt(url, q=[page, f"<i>{a}</i>"], source="en", target="de", format="html", alternatives=2)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"translatedText": [f'<p class="n">{ta}</p>\n<ul><li><b>{tc}</b><li>{tb}</ul><!-- {c} -->',
+                                           f"<i>{ta}</i>"], "alternatives": [[], []]}
 
 
 @pytest.mark.parametrize("body, status, message", [
     ({"q": "<p><b>six</p>", "format": "html"}, 400, "<b> at line 1, column 4 is not closed before </p>"),
     ({"q": "six</i>", "format": "html"}, 400, "</i> at line 1, column 4 closes no open tag"),
     ({"q": "six", "format": "markdown"}, 400, "markdown format is not supported"),
-    ({"q": ""}, 400, "missing q parameter"),
+    ({"q": ""}, 400, "Invalid request: missing q parameter"),
+    ({"q": []}, 400, "Invalid request: missing q parameter"),
+    ({"q": "six", "format": "xml"}, 400, "xml format is not supported"),
     ({"q": "six", "source": ""}, 400, "missing source parameter"),
     ({"q": "six", "alternatives": "many"}, 400, "alternatives parameter is not a number"),
     ({"q": "six", "alternatives": 40}, 400, "beam size 41 is above the limit"),
@@ -98,6 +105,14 @@ def test_bad_requests_get_libretranslates_error_shape(demo_server, body, status,
     assert r.status_code == status, r.text
     assert set(r.json()) == {"error"} and message in r.json()["error"], r.text
     assert lt(url, q="six", source="en", target="de").status_code == 200  # nothing else disturbed
+
+
+@pytest.mark.parametrize("path", ["/translate", "/detect"])
+@pytest.mark.parametrize("body", ["[\"six\"]", "{\"q\": ", "\"six\""])
+def test_a_body_that_is_no_json_object_is_libretranslates_invalid_json(demo_server, path, body):
+    url, _ = demo_server
+    r = httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert (r.status_code, r.json()) == (400, {"error": "Invalid JSON format"})
 
 
 def test_api_key_in_the_body_or_the_header(demo_artifact, reference):

@@ -46,6 +46,7 @@ class Unsupported(BadInput):
     def __init__(self, message: str, side: str | None = None, given: str | None = None,
                  known: Sequence[str] = (), who: str = "this model has"):
         super().__init__(message)
+        self.side = side
         self.plain = message if side is None else (
             f"unknown {side} language {given!r}: {who} {', '.join(known) or f'no {side} languages'}")
 
@@ -307,8 +308,8 @@ class Pool:
             if entry is None:
                 translator, backend = await asyncio.to_thread(self.opener, model)
                 entry = self.loaded[key] = Loaded(model, translator, backend)
-                log.info("loaded %s on %s (%d loaded)", model.path, getattr(backend, "name", backend), len(self.loaded))
                 self.evict(keep=key)
+                log.info("loaded %s on %s (%d loaded)", model.path, getattr(backend, "name", backend), len(self.loaded))
             self.loaded.move_to_end(key)
             return entry
 

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from twostep.errors import BadInput, Overloaded, TwostepError
 from twostep.runtime.markup import parse_html
 from twostep.serving.middleware import bearer_key, known_key
-from twostep.serving.models import Route, described
+from twostep.serving.models import Catalog, Route, Unsupported, described
 from twostep.serving.service import NotReady, Refused, Service, Translated, error
 
 PATHS = frozenset({"/translate", "/detect"})  # which check their key themselves (in the body, or the header)
@@ -91,9 +91,21 @@ def texts_of(body: dict) -> tuple[list[str], bool]:
 
 
 def language(value, name: str) -> str:
+    """A code as LibreTranslate reads it: lowercase (its iso2model)."""
     if not isinstance(value, str) or not value.strip():
         raise BadInput(f"Invalid request: missing {name} parameter")
-    return ALIASES.get(value.strip().lower(), value.strip())
+    return value.strip().lower()
+
+
+def routed(catalog: Catalog, source: str, target: str) -> Route:
+    """The route of a pair of LibreTranslate's codes (its zt and pb mean zh-Hant and pt-BR); a code no model has
+    is refused as LibreTranslate words it, naming the code as the request gave it."""
+    try:
+        return catalog.route(ALIASES.get(source, source), ALIASES.get(target, target), lenient=True)
+    except Unsupported as exc:
+        if exc.side is None:
+            raise
+        raise Unsupported(f"{source if exc.side == 'source' else target} is not supported") from None
 
 
 def translatable(text: str) -> bool:
@@ -111,7 +123,7 @@ class Ask:
     source: str
     target: str
     markup: str
-    alternatives: int
+    alternatives: int  # asked for: html answers an empty list each, as LibreTranslate
 
     @classmethod
     def of(cls, body: dict) -> Ask:
@@ -124,7 +136,7 @@ class Ask:
         markup = body.get("format") or "text"
         if markup not in ("text", "html"):
             raise BadInput(f"{markup} format is not supported")
-        return cls(texts, one, source, target, markup, 0 if markup == "html" else alternatives)  # none for html
+        return cls(texts, one, source, target, markup, alternatives)
 
 
 def languages_of(service: Service) -> list[dict]:
@@ -226,23 +238,19 @@ def router(service: Service) -> APIRouter:
         """The routes of a request's texts, each with the indices of its texts (those with something to
         translate), and what was detected of each text (None unless `source` is auto)."""
         catalog = service.running()
-        todo = [i for i, text in enumerate(ask.texts) if translatable(text)]
+        todo = [i for i, text in enumerate(ask.texts) if translatable(node_text(ask, text))]
         detect = ask.source == "auto" and bool(catalog.source_tags())
         if not detect:
             # an unknown code, or a pair without a route, fails the request whole
-            route = catalog.route(ask.source, ask.target, lenient=True)
+            route = routed(catalog, ask.source, ask.target)
             return ([(route, todo)] if todo else []), None
-        found = await service.detect([node_text(ask, ask.texts[i]) for i in todo])
+        found = await service.sources_of([node_text(ask, ask.texts[i]) for i in todo], "source")
         detected = [{"confidence": 0.0, "language": fallback(catalog.source_tags())} for _ in ask.texts]
         by_source: dict[str, list[int]] = {}
-        for i, candidates in zip(todo, found):
-            if not candidates:
-                raise BadInput(f"the language of text {i + 1} is none of those this server translates from "
-                               f"({', '.join(catalog.source_tags())}): name the source")
-            tag, confidence = candidates[0]
+        for i, (tag, confidence) in zip(todo, found):
             detected[i] = {"confidence": float(confidence), "language": tag}
             by_source.setdefault(tag, []).append(i)
-        return [(catalog.route(tag, ask.target, lenient=True), where) for tag, where in by_source.items()], detected
+        return [(routed(catalog, tag, ask.target), where) for tag, where in by_source.items()], detected
 
     async def translated(ask: Ask, route: Route, texts: list[str], request: Request) -> list | None:
         """Each text's translation and alternatives along `route` (None: the client went away)."""
@@ -251,7 +259,7 @@ def router(service: Service) -> APIRouter:
 
         def options(translator, last: bool):
             options = translator.translator.options
-            if last and ask.alternatives:
+            if last and ask.alternatives and not fragments:  # none for html, as LibreTranslate
                 n = ask.alternatives + 1
                 options = replace(options, beam_size=max(options.beam_size, n), n_best=n)
             return options

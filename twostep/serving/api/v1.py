@@ -246,14 +246,11 @@ def router(service: Service) -> APIRouter:
             return [(catalog.route(body.src_lang, body.tgt_lang), list(range(count)))], None
         if body.text is None:
             raise BadInput("bad request: src_lang auto takes text, not ids")
-        found = await service.detect(body.text)
+        found = await service.sources_of(body.text, "src_lang")
         by_source: dict[str, list[int]] = {}
-        for i, candidates in enumerate(found):
-            if not candidates:
-                raise BadInput(f"the language of text {i + 1} is none of those this server translates from "
-                               f"({', '.join(catalog.source_tags())}): name src_lang")
-            by_source.setdefault(candidates[0][0], []).append(i)
-        detected = [{"language": c[0][0], "confidence": float(c[0][1])} for c in found]
+        for i, (tag, _) in enumerate(found):
+            by_source.setdefault(tag, []).append(i)
+        detected = [{"language": tag, "confidence": float(confidence)} for tag, confidence in found]
         return [(catalog.route(tag, body.tgt_lang), where) for tag, where in by_source.items()], detected
 
     async def direct(route: Route, body: TranslateRequest, request: Request):
