@@ -147,15 +147,20 @@ def test_the_pool_loads_on_first_use_and_unloads_the_least_recently_used_once_id
             async with pool.use(c):  # b is the least recently used: it leaves
                 await asyncio.sleep(0.1)
                 assert list(pool.loaded) == [str(a.path), str(c.path)] and closed == ["de_en"]
-        pool.max_loaded = 1
         busy = await pool.acquire(c)
-        async with pool.use(b):  # a is idle and leaves at once; c, busy, stays until it is released
+        async with pool.use(a):  # now the least recently used, c, is busy
+            pass
+        async with pool.use(b):  # a, idle, leaves rather than c
             await asyncio.sleep(0.1)
-            assert closed == ["de_en", "en_fr"]
+            assert list(pool.loaded) == [str(c.path), str(b.path)] and closed == ["de_en", "en_fr"]
+        pool.max_loaded = 1
+        async with pool.use(a):  # b leaves at once; c, busy, leaves too but closes once released
+            await asyncio.sleep(0.1)
+            assert list(pool.loaded) == [str(a.path)] and closed == ["de_en", "en_fr", "de_en"]
         pool.release(busy)
         await pool.close()
         return pool
 
     pool = asyncio.run(main())
-    assert opened == ["en_fr", "de_en", "en_es", "de_en"]
-    assert closed == ["de_en", "en_fr", "en_es", "de_en"] and not pool.loaded
+    assert opened == ["en_fr", "de_en", "en_es", "de_en", "en_fr"]
+    assert closed == ["de_en", "en_fr", "de_en", "en_es", "en_fr"] and not pool.loaded
