@@ -1,18 +1,19 @@
-"""`twostep serve`: one BatchingTranslator behind HTTP (FastAPI on uvicorn), with Prometheus metrics.
+"""`twostep serve`: one model or many (twostep.serving.models), each a BatchingTranslator, behind HTTP (FastAPI on
+uvicorn), with Prometheus metrics.
 
 `build_app` composes the APIs, each a router over one Service (twostep.serving.service): twostep's own
 (twostep.serving.api.v1: POST /v1/translate, GET /v1/languages), LibreTranslate's (api.libretranslate: POST
-/translate, GET /languages) and operations' (api.ops: GET /healthz, /readyz, /metrics), with the middleware
-they share (twostep.serving.middleware): API keys, per-API request metrics, draining, a log line per request.
-The API docs are at /docs and /openapi.json.
+/translate, /detect, GET /languages, /frontend/settings, /health, /spec) and operations' (api.ops: GET /healthz,
+/readyz, /metrics), with the middleware they share (twostep.serving.middleware): API keys, per-API request
+metrics, draining, a log line per request. The API docs are at /docs and /openapi.json.
 
-With API keys (`read_api_keys`) every path but /healthz, /readyz, the API docs and (unless `protect_metrics`)
-/metrics needs `Authorization: Bearer KEY`: 401 otherwise; LibreTranslate's paths take the key in their
-`api_key` field too. The model is opened in the app's lifespan, so the same app runs under uvicorn (`serve`)
-and as a Ray Serve ingress (`twostep.serving.ray_app`). On SIGTERM `serve` first drains for
-`shutdown_delay_s`, if given: /readyz answers 503 at once while requests are still answered (with `Connection:
-close`), so that load balancers stop sending them here; then uvicorn stops accepting, answers what is in
-flight, and the lifespan closes the translator. A second SIGTERM or Ctrl-C skips the delay.
+With API keys (`read_api_keys`) every path but /healthz, /readyz, the API docs, LibreTranslate's open ones and
+(unless `protect_metrics`) /metrics needs `Authorization: Bearer KEY`: 401 otherwise; LibreTranslate's /translate
+and /detect take the key in their `api_key` field too. The models are opened in the app's lifespan, so the same
+app runs under uvicorn (`serve`) and as a Ray Serve ingress (`twostep.serving.ray_app`). On SIGTERM `serve` first
+drains for `shutdown_delay_s`, if given: /readyz answers 503 at once while requests are still answered (with
+`Connection: close`), so that load balancers stop sending them here; then uvicorn stops accepting, answers what is
+in flight, and the lifespan closes the models. A second SIGTERM or Ctrl-C skips the delay.
 """
 
 from __future__ import annotations
