@@ -112,10 +112,14 @@ class Model:
         shared = [tag for tag in tags.values() if list(tags.values()).count(tag) > 1]
         return {code: code if tag in shared else tag for code, tag in tags.items()}
 
-    def pairs(self) -> set[tuple[str, str]]:
-        """The (source, target) public names it translates between."""
-        return {(self.names[s], self.names[t]) for s in self.sources for t in self.targets
-                if self.names[s] != self.names[t]}
+    def pairs(self) -> frozenset[tuple[str, str]]:
+        """The (source, target) public names it translates between (NLLB: 40,000)."""
+        return self._pairs
+
+    @functools.cached_property
+    def _pairs(self) -> frozenset[tuple[str, str]]:
+        return frozenset((self.names[s], self.names[t]) for s in self.sources for t in self.targets
+                         if self.names[s] != self.names[t])
 
     def code(self, side: str, wanted: str) -> str | None:
         """The model's code on `side` that `wanted` (its own code, or a standard one) means; None where it has no
@@ -255,6 +259,10 @@ class Catalog:
     def reachable(self) -> dict[str, tuple[list[str], list[str]]]:
         """Each source tag a request may name: (the targets its models translate to, those only the pivot
         reaches), tags sorted."""
+        return self._reachable
+
+    @functools.cached_property
+    def _reachable(self) -> dict[str, tuple[list[str], list[str]]]:
         direct: dict[str, set[str]] = {}
         for m in self.models:
             for s, t in m.pairs():
@@ -268,7 +276,11 @@ class Catalog:
         return out
 
     def source_tags(self) -> list[str]:
-        return sorted({m.names[c] for m in self.models for c in m.sources})
+        return list(self._source_tags)
+
+    @functools.cached_property
+    def _source_tags(self) -> tuple[str, ...]:
+        return tuple(sorted({m.names[c] for m in self.models for c in m.sources}))
 
 
 def named(tag: str) -> str:
