@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,85 @@ def test_ray_serve_replicas_answer_like_the_python_runtime(demo_artifact, tmp_pa
         log.close()
     assert code == 0, (tmp_path / "serve.log").read_text()[-3000:]
     assert key[:-1] not in (tmp_path / "serve.log").read_text()
+
+
+@pytest.fixture(scope="module")
+def argos_en_de(tmp_path_factory) -> Path:
+    """A second Argos package, en -> de, of other weights than argos_artifact's en -> fr (tests/ct2_models.py's
+    checkpoint trained from another seed), imported and exported."""
+    pytest.importorskip("ctranslate2", reason="the Argos package is built by CTranslate2's converter")
+    import ct2_models as build
+    from twostep.exporter.export import export
+    from twostep.model.sources import import_model
+
+    root = tmp_path_factory.mktemp("argos-en-de")
+    ckpt = build.opennmt_py_checkpoint(root / "opennmt_py", seed=2)
+    ct2 = build.convert_opennmt_py(ckpt, root / "ct2", quantization="int8")
+    package = build.argos_package(ct2, ckpt.parent / "sentencepiece.model", root / "package", "en", "de")
+    import_model(package, root / "ckpt")
+    export(root / "ckpt", root / "en-de")
+    return root / "en-de"
+
+
+def test_ray_serves_many_models_through_its_model_multiplexing(argos_artifact, argos_en_de, tmp_path):
+    """Two models, --max-loaded 1, two replicas: each replica's models are Ray Serve's multiplexing's, which reports
+    them to its controller, so that requests naming their model (serve_multiplexed_model_id) go to the replica that
+    has it loaded: once each model is on a replica, alternating requests load nothing more. Requests without the
+    header are answered too; every answer is the Python runtime's text."""
+    sentences = ["the cat sat in the park", "hello dog", "a quick fox", "good dog"]
+    want = {}
+    for art, target in ((argos_artifact, "fr"), (argos_en_de, "de")):
+        translator, backend = open_translator(art)
+        with backend:
+            want[target] = translator.translate(sentences)
+    assert want["fr"] != want["de"], "the two models must answer apart for this test to tell them apart"
+    names = {"fr": argos_artifact.name, "de": argos_en_de.name}
+    assert names["fr"] != names["de"]
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    log = open(log_path, "w+")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "twostep.cli", "serve", str(argos_artifact), str(argos_en_de),
+                             "--ray", "--port", str(port), "--replicas", "2", "--num-cpus", "0.5", "--max-loaded", "1",
+                             "--graceful-shutdown-wait-loop", "0.5"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def translate(target, header=True):
+        r = httpx.post(f"{url}/v1/translate", json={"text": sentences, "src_lang": "en", "tgt_lang": target,
+                                                    "split": False},
+                       headers={"serve_multiplexed_model_id": names[target]} if header else {}, timeout=60)
+        assert r.status_code == 200, r.text
+        return [hyps[0]["text"] for hyps in r.json()["translations"]]
+
+    def loads():  # (replica pid, model folder) of each model a replica loaded, in order
+        return [(line.split("pid=")[1].split(")")[0], line.split("loaded ")[1].split(" on ")[0].rsplit("/", 1)[1])
+                for line in log_path.read_text().splitlines() if "ServeReplica" in line and " loaded /" in line]
+
+    try:
+        deadline = time.monotonic() + 240
+        while "serving on" not in log_path.read_text():
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.5)
+        assert translate("de") == want["de"]  # one replica unloads en -> fr for it
+        time.sleep(2)  # Ray's replicas push their model ids every 0.1 s; its controller tells the proxy
+        before = loads()
+        # both replicas loaded the first model at start; one of them, the second model for that request
+        assert sorted(name for _, name in before) == sorted([names["fr"], names["fr"], names["de"]]), \
+            log_path.read_text()
+        for target in ["fr", "de"] * 6:
+            assert translate(target) == want[target]
+        time.sleep(1)  # the replicas' log lines reach the driver
+        assert loads() == before, "a request naming its model went to a replica without it"
+        assert {pid for pid, _ in before} == {pid for pid, _ in loads()}
+        assert translate("fr", header=False) == want["fr"] and translate("de", header=False) == want["de"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        log.close()
+    assert code == 0, log_path.read_text()[-3000:]

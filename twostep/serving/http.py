@@ -34,6 +34,7 @@ from uvicorn.config import STARTUP_FAILURE
 
 from twostep.serving.api import libretranslate, ops, v1
 from twostep.serving.middleware import Drain, RequestLog, RequireKey
+from twostep.serving.models import Loader
 from twostep.serving.service import API_KEYS_ENV, ServeConfig, Service, error, read_api_keys
 
 log = logging.getLogger("twostep.serving")
@@ -41,10 +42,11 @@ OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-red
               *libretranslate.OPEN}
 
 
-def build_app(config: ServeConfig) -> FastAPI:
-    """The APIs over one Service, with the shared middleware; `app.state.service` is the service."""
+def build_app(config: ServeConfig, loader: Optional[Loader] = None) -> FastAPI:
+    """The APIs over one Service, with the shared middleware; `app.state.service` is the service. `loader`: what
+    loads and unloads its models (twostep.serving.ray_app's, through Ray Serve); None: the service's pool."""
     disable_created_metrics()
-    service = Service(config)
+    service = Service(config, loader)
     app = FastAPI(title="twostep", summary="Encoder-decoder Transformer translation (two ONNX graphs, KV cache).",
                   version="1", lifespan=service.lifespan)
     app.state.service = service

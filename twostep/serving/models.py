@@ -17,7 +17,9 @@ checkpoint) takes any code. In a server of several every model must name its pai
 --tgt-lang`).
 
 `Pool` keeps the loaded models: all of them, or at most `max_loaded` (the least recently used one is unloaded once
-its requests are done; the others load on first use), each its own BatchingTranslator on its own session.
+its requests are done; the others load on first use), each its own BatchingTranslator on its own session. Or, given
+a `loader`, the models that loader keeps: under Ray Serve, its model multiplexing chooses which models a replica
+holds (twostep.serving.ray_app), and the pool lends them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import contextlib
 import functools
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,7 +180,14 @@ class Catalog:
 
     @classmethod
     def of(cls, models: Sequence[Model], pivot: str | None = "en") -> Catalog:
-        """The models, most specialized first; refused as `open` says."""
+        """The models, most specialized first; refused as `open` says, and two models of one name."""
+        named: dict[str, Model] = {}
+        for m in models:
+            other = named.setdefault(m.name, m)
+            if other is not m:
+                raise TwostepError(f"{other.path} and {m.path} are both named {m.name!r} (a model is named by its "
+                                   "folder; /v1/languages and Ray Serve's serve_multiplexed_model_id name it so): "
+                                   "rename one of the folders")
         if len(models) > 1:
             for m in models:
                 if not m.sources or not m.targets:
@@ -196,6 +205,13 @@ class Catalog:
                                        "many pairs each: no rule chooses between them; serve one of them")
                 seen.setdefault(pair, m)
         return cls(tuple(ordered), pivot)
+
+    def model(self, name: str) -> Model:
+        """The model of that name (its folder's)."""
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise BadInput(f"no model named {name!r}; the server's models: {', '.join(m.name for m in self.models)}")
 
     @property
     def single(self) -> Model | None:
@@ -299,43 +315,74 @@ class Loaded:
     unloaded: bool = False
 
 
+Loader = Callable[[Model], Awaitable[Loaded]]  # a model -> its entry, opened (Pool.open) unless it is loaded
+
+
 @dataclass(eq=False)
 class Pool:
     """The loaded models (least recently used first): `use(model)` loads one on first use (in a thread: the event
     loop goes on) and lends its BatchingTranslator for a request. Beyond `max_loaded` (None: no bound) the least
     recently used one leaves; it closes once the requests using it are done (BatchingTranslator.close finishes
-    its queued and running sentences)."""
+    its queued and running sentences).
+
+    With a `loader`, the loader keeps the models instead (Ray Serve's model multiplexing: twostep.serving.ray_app):
+    it opens them with `open` and unloads them with `unload`, by its own bound (max_loaded is then the loader's);
+    an unloaded model still closes only once the requests using it are done."""
 
     opener: Opener
     max_loaded: int | None = None
+    loader: Loader | None = None
     loaded: OrderedDict[str, Loaded] = field(default_factory=OrderedDict)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     closing: set[asyncio.Future] = field(default_factory=set)
 
     async def load(self, model: Model) -> Loaded:
         """The model's entry, loaded now unless it is."""
+        if self.loader is not None:
+            entry = await self.loader(model)
+            while entry.unloaded:  # unloaded for another model's load since the loader gave it: load it again
+                entry = await self.loader(model)
+            return entry
         key = str(model.path)
         async with self.locks.setdefault(key, asyncio.Lock()):
             entry = self.loaded.get(key)
             if entry is None:
-                translator, backend = await asyncio.to_thread(self.opener, model)
-                entry = self.loaded[key] = Loaded(model, translator, backend)
-                self.evict(keep=key)
-                log.info("loaded %s on %s (%d loaded)", model.path, getattr(backend, "name", backend), len(self.loaded))
+                self.evict(room=1)  # first: a model's memory is given back before the next takes its own
+                entry = await self.open(model)
             self.loaded.move_to_end(key)
             return entry
 
-    def evict(self, keep: str) -> None:
-        """Unload the least recently used models beyond max_loaded, idle ones first (never `keep`)."""
-        while self.max_loaded is not None and len(self.loaded) > self.max_loaded:
-            others = [k for k in self.loaded if k != keep]
+    async def open(self, model: Model) -> Loaded:
+        """The model opened now, in a thread (it takes seconds), as a loaded entry of this pool."""
+        translator, backend = await asyncio.to_thread(self.opener, model)
+        entry = self.loaded[str(model.path)] = Loaded(model, translator, backend)
+        log.info("loaded %s on %s (%d loaded)", model.path, getattr(backend, "name", backend), len(self.loaded))
+        return entry
+
+    def evict(self, room: int) -> None:
+        """Unload the least recently used models, idle ones first, until `room` more fit within max_loaded."""
+        while self.max_loaded is not None and self.loaded and len(self.loaded) + room > self.max_loaded:
+            others = list(self.loaded)
             idle = [k for k in others if self.loaded[k].users == 0]
-            key = (idle or others)[0]
-            entry = self.loaded.pop(key)
-            entry.unloaded = True
+            entry = self.loaded[(idle or others)[0]]
             log.info("unloading %s (--max-loaded %d)", entry.model.path, self.max_loaded)
+            self.drop(entry)
             if entry.users == 0:
                 self.close_later(entry)
+
+    async def unload(self, entry: Loaded) -> None:
+        """Unload an entry (the loader's call): closed now if no request uses it, else by the last one's `release`.
+        Nothing for an entry that is no longer loaded (closed with the pool)."""
+        if self.loaded.get(str(entry.model.path)) is not entry:
+            return
+        log.info("unloading %s", entry.model.path)
+        self.drop(entry)
+        if entry.users == 0:
+            await asyncio.to_thread(close, entry)
+
+    def drop(self, entry: Loaded) -> None:
+        del self.loaded[str(entry.model.path)]
+        entry.unloaded = True
 
     def close_later(self, entry: Loaded) -> None:
         task = asyncio.ensure_future(asyncio.to_thread(close, entry))

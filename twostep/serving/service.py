@@ -30,7 +30,7 @@ from twostep.runtime.documents import DocumentPlan
 from twostep.serving.engine import Metrics
 from twostep.serving.executor import BatchingTranslator, batching_advice, open_batching_translator
 from twostep.serving.limits import BatchLimits
-from twostep.serving.models import Catalog, Model, Pool, Route
+from twostep.serving.models import Catalog, Loader, Model, Pool, Route
 
 log = logging.getLogger("twostep.serving")
 API_KEYS_ENV = "TWOSTEP_API_KEYS"  # keys separated by commas, beside or instead of a key file
@@ -155,8 +155,9 @@ class Service:
     `lifespan`; `ready` while it takes requests, `draining` once `serve` has had SIGTERM (readiness fails,
     requests are still answered)."""
 
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, loader: Loader | None = None):
         self.config = config
+        self.loader = loader  # what loads and unloads the models (Pool's `loader`); None: the pool, by max_loaded
         self.registry = CollectorRegistry()
         self.metrics = PrometheusMetrics(self.registry)
         self.catalog: Catalog | None = None
@@ -180,11 +181,12 @@ class Service:
     async def lifespan(self, app):
         config = self.config
         catalog = Catalog.open([Path(d) for d in config.model_dirs], config.pivot)
-        pool = Pool(self.open_model, config.max_loaded)
+        pool = Pool(self.open_model, config.max_loaded, self.loader)
+        self.catalog, self.pool = catalog, pool  # the loader's too
         for model in catalog.models[:config.max_loaded]:
             await pool.load(model)
         self.metrics.queue.set_function(pool.queue_depth)
-        self.catalog, self.pool, self.ready = catalog, pool, True
+        self.ready = True
         log.info("serving %d model%s (%s), limits %s", len(catalog.models), "s" * (len(catalog.models) > 1),
                  ", ".join(m.name for m in catalog.models), asdict(config.limits))
         try:
