@@ -167,19 +167,20 @@ def settings_of(service: Service) -> dict:
 def router(service: Service) -> APIRouter:
     routes = APIRouter(tags=["LibreTranslate"])
 
-    @routes.get("/languages")
-    async def languages():
+    def described_by(of):
+        """What `of(service)` says of the server, or the refusal while it loads or shuts down."""
         try:
-            return languages_of(service)
+            return of(service)
         except TwostepError as exc:
             return REFUSED.response(service, exc)
 
+    @routes.get("/languages")
+    async def languages():
+        return described_by(languages_of)
+
     @routes.get("/frontend/settings")
     async def frontend_settings():
-        try:
-            return settings_of(service)
-        except TwostepError as exc:
-            return REFUSED.response(service, exc)
+        return described_by(settings_of)
 
     @routes.get("/health")
     async def health():
