@@ -28,6 +28,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop(proc, log) -> int:
+    """SIGTERM a `twostep serve --ray` process and its exit code (its process group killed after 90 s); its log
+    closed."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        log.close()
+
+
 def test_the_deployment_carries_ray_serves_graceful_shutdown_options(demo_artifact):
     """app_builder's graceful_shutdown_* keys (and --ray's --graceful-shutdown-*, through `run`) reach the
     deployment; Ray Serve's defaults without them."""
@@ -82,13 +95,7 @@ def test_ray_serve_replicas_answer_like_the_python_runtime(demo_artifact, tmp_pa
                     if "ServeReplica" in line and "POST /v1/translate 200" in line}
         assert len(replicas) == 2, "requests did not reach both replicas"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        log.close()
+        code = stop(proc, log)
     assert code == 0, (tmp_path / "serve.log").read_text()[-3000:]
     assert key[:-1] not in (tmp_path / "serve.log").read_text()
 
@@ -165,11 +172,5 @@ def test_ray_serves_many_models_through_its_model_multiplexing(argos_artifact, a
         assert {pid for pid, _ in before} == {pid for pid, _ in loads()}
         assert translate("fr", header=False) == want["fr"] and translate("de", header=False) == want["de"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        log.close()
+        code = stop(proc, log)
     assert code == 0, log_path.read_text()[-3000:]
