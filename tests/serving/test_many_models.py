@@ -71,6 +71,12 @@ def test_libretranslate_client_reaches_each_pair_and_the_pivot(many, reference):
     german = next(s for s in languages["source"] if s["code"] == "de")
     assert german["name"] == "German" and german["targets"] == ["en", "es", "fr"] and german["pivoted"] == ["es", "fr"]
     assert sorted(m["name"] for m in languages["models"]) == ["de_en", "en_es", "en_fr"]
+    settings = httpx.get(f"{url}/frontend/settings", timeout=30).json()  # what LibreTranslate's web UI reads
+    assert settings["charLimit"] == 20_000 and settings["keyRequired"] is False and settings["apiKeys"] is False
+    assert settings["language"] == {"source": {"code": "auto", "name": "Auto Detect"},
+                                    "target": {"code": "es", "name": "Spanish"}}
+    assert [settings[key] for key in ("filesTranslation", "suggestions", "supportedFilesFormat")] == [False, False, []]
+    assert {"/translate", "/detect", "/languages"} <= set(httpx.get(f"{url}/spec", timeout=30).json()["paths"])
     r = post(url, {"text": GERMAN, "src_lang": "de", "tgt_lang": "fr", "beam": 2, "n_best": 2})
     assert r.status_code == 200, r.text
     assert [hyps[0]["text"] for hyps in r.json()["translations"]] == [reference["de", "fr"][g] for g in GERMAN]
