@@ -44,8 +44,10 @@ pair's server (the client routes; a server's idle time costs nothing).
    Mastodon-shaped, `{"q": [<html status>, (<spoiler>)], "source": ..., "target": ..., "format": "html"}` as
    Mastodon's LibreTranslate service sends (source "auto" with `--mastodon-source auto`: that needs language
    detection in twostep, not there yet; until then the real source), and libretranslatepy-shaped, form-encoded
-   `q, source, target, api_key` as `LibreTranslateAPI.translate` sends (api_key ""). Engines alternate at each
-   level; a warm-up request per pair first. Reported: requests/s, sentences/s, p50/p99 latency, errors, and
+   `q, source, target` as `LibreTranslateAPI(url).translate` sends them. Neither sends an API key (Mastodon's
+   api_key is null, libretranslatepy leaves the field out): LibreTranslate 1.9.6 caches the answers of requests
+   whose api_key is "" (its --translation-cache default "" is split into [""], the list of keys to cache for),
+   and a cached answer takes it no time. Engines alternate at each level. Reported: requests/s, sentences/s, p50/p99 latency, errors, and
    twostep / LibreTranslate ratios against the issue's targets (>= 3x throughput at 32 clients; lower p50 at 1).
 """
 
@@ -160,7 +162,7 @@ def mastodon_request(pair: Pair, groups: list[list[str]], spoiler: str | None, s
     html = "".join(f"<p>{' '.join(g)}</p>" for g in groups)
     q = [html] + ([spoiler] if spoiler else [])
     body = {"q": q, "source": pair.source if source == "explicit" else "auto", "target": pair.target,
-            "format": "html", "api_key": ""}
+            "format": "html", "api_key": None}  # Mastodon's @api_key, nil without one
     return Request(pair, "mastodon", body, False, sum(map(len, groups)) + bool(spoiler))
 
 
@@ -175,7 +177,7 @@ def load_requests(pairs: list[Pair], mastodon_source: str) -> list[Request]:
             mastodon.append(mastodon_request(pair, [group] if i % 2 else [group[:1], group[1:]], spoiler,
                                              mastodon_source))
         for text in [*pair.sentences, *(" ".join(g) for g in groups)]:
-            body = {"q": text, "source": pair.source, "target": pair.target, "api_key": ""}
+            body = {"q": text, "source": pair.source, "target": pair.target}  # no key: no api_key field
             plain.append(Request(pair, "libretranslatepy", body, True, len(split_sentences(text))))
     out = []
     for i in range(max(len(mastodon), len(plain))):
@@ -225,7 +227,15 @@ def base_model(work: Path, pair: Pair, vocab_size: int = 32000, seed: int = 0) -
     import torch
 
     from benchmarks.argos import fit_eos
-    from benchmarks.opennmt_py import ARGOS, SPECIALS, build_model, convert_opennmt_py, init_glorot, save_checkpoint
+    from benchmarks.opennmt_py import (
+        ARGOS,
+        SPECIALS,
+        UNK,
+        build_model,
+        convert_opennmt_py,
+        init_glorot,
+        save_checkpoint,
+    )
 
     def log(msg: str) -> None:
         print(f"[libretranslate {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -237,13 +247,13 @@ def base_model(work: Path, pair: Pair, vocab_size: int = 32000, seed: int = 0) -
     lines = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)] + list(pair.sentences) * 50
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
-                                   hard_vocab_limit=False, minloglevel=2, num_threads=2)
+                                   hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, num_threads=2)
     (work / "sentencepiece.model").write_bytes(model.getvalue())
     sp = spm.SentencePieceProcessor(model_file=str(work / "sentencepiece.model"))
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
     vocab = SPECIALS + [p for p in pieces if p not in SPECIALS]
     index = {p: i for i, p in enumerate(vocab)}
-    sentences = [[index[p] for p in sp.encode(s, out_type=str)] for s in pair.sentences]
+    sentences = [[index.get(p, UNK) for p in sp.encode(s, out_type=str)] for s in pair.sentences]
     log(f"SentencePiece: {len(pieces)} pieces; the sentences are {min(map(len, sentences))}-"
         f"{max(map(len, sentences))} pieces")
     threads = torch.get_num_threads()
@@ -531,7 +541,7 @@ async def closed_loop(engine: Engine, requests: list[Request], clients: int, max
     import aiohttp
 
     sent = 0
-    latencies: list[float] = []
+    latencies: list[tuple[str, float]] = []
     counts = {"ok": 0, "errors": 0, "sentences": 0}
     errors: list[str] = []
     deadline = time.monotonic() + seconds
@@ -548,7 +558,7 @@ async def closed_loop(engine: Engine, requests: list[Request], clients: int, max
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     status, reply = None, repr(exc)
                 if status == 200:
-                    latencies.append(time.perf_counter() - t0)
+                    latencies.append((request.pair.name, time.perf_counter() - t0))
                     counts["ok"] += 1
                     counts["sentences"] += request.sentences
                 else:
@@ -558,10 +568,12 @@ async def closed_loop(engine: Engine, requests: list[Request], clients: int, max
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
         wall = time.perf_counter() - started
-    ms = sorted(1000 * x for x in latencies) or [float("nan")]
+    ms = sorted(1000 * x for _, x in latencies) or [float("nan")]
+    by_pair = {name: sorted(1000 * x for n, x in latencies if n == name) for name in dict(latencies)}
     return {"engine": engine.name, "clients": clients, "sent": sent, **counts, "wall_s": wall,
             "requests_per_s": counts["ok"] / wall, "sentences_per_s": counts["sentences"] / wall,
-            "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "error_examples": errors[:5]}
+            "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
+            "p50_ms_by_pair": {name: percentile(x, 50) for name, x in by_pair.items()}, "error_examples": errors[:5]}
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -615,6 +627,13 @@ def report(meta: dict, same: dict, rows: list[dict], ratio_rows: list[dict]) -> 
     for r in rows:
         lines.append(f"| {r['clients']} | {LABELS[r['engine']]} | {r['ok']} | {r['requests_per_s']:.2f} | "
                      f"{r['sentences_per_s']:.2f} | {r['p50_ms']:,.0f} | {r['p99_ms']:,.0f} | {r['errors']} |")
+    names = list(dict.fromkeys(name for r in rows for name in r.get("p50_ms_by_pair", {})))
+    if names:
+        lines += ["", "| clients | engine | " + " | ".join(f"{n} p50 ms" for n in names) + " |",
+                  "|---:|---|" + "---:|" * len(names)]
+        for r in rows:
+            cells = [f"{r['p50_ms_by_pair'][n]:,.0f}" if n in r["p50_ms_by_pair"] else "-" for n in names]
+            lines.append(f"| {r['clients']} | {LABELS[r['engine']]} | " + " | ".join(cells) + " |")
     if ratio_rows:
         lines += ["", "| clients | twostep / LibreTranslate requests/s | sentences/s | p50 | p99 | target | met |",
                   "|---:|---:|---:|---:|---:|---|---|"]
