@@ -168,22 +168,23 @@ def mastodon_request(pair: Pair, groups: list[list[str]], spoiler: str | None, s
 
 
 def load_requests(pairs: list[Pair], mastodon_source: str) -> list[Request]:
-    """The load's mix, in the order clients take it (cycled): Mastodon statuses and libretranslatepy calls, alternating,
-    each pair in turn."""
-    mastodon, plain = [], []
+    """The load's mix, in the order clients take it (cycled): a Mastodon status and a libretranslatepy call of each
+    pair in turn, so that the requests one engine answers in its time hold the same mix as another's."""
+    mastodon: dict[str, list[Request]] = {}
+    plain: dict[str, list[Request]] = {}
     for pair in pairs:
         groups = paragraphs(pair.sentences)
-        for i, group in enumerate(groups):
-            spoiler = pair.sentences[i] if i % 3 == 2 else None
-            mastodon.append(mastodon_request(pair, [group] if i % 2 else [group[:1], group[1:]], spoiler,
-                                             mastodon_source))
-        for text in [*pair.sentences, *(" ".join(g) for g in groups)]:
-            body = {"q": text, "source": pair.source, "target": pair.target}  # no key: no api_key field
-            plain.append(Request(pair, "libretranslatepy", body, True, len(split_sentences(text))))
-    out = []
-    for i in range(max(len(mastodon), len(plain))):
-        out += [mastodon[i % len(mastodon)], plain[i % len(plain)]]
-    return out
+        mastodon[pair.name] = [
+            mastodon_request(pair, [group] if i % 2 else [group[:1], group[1:]],
+                             pair.sentences[i] if i % 3 == 2 else None, mastodon_source)
+            for i, group in enumerate(groups)]
+        plain[pair.name] = [
+            Request(pair, "libretranslatepy", {"q": text, "source": pair.source, "target": pair.target}, True,
+                    len(split_sentences(text)))  # no key: no api_key field
+            for text in [*pair.sentences, *(" ".join(g) for g in groups)]]
+    rounds = max(len(x) for x in [*mastodon.values(), *plain.values()])
+    return [kind[pair.name][i % len(kind[pair.name])] for i in range(rounds) for pair in pairs
+            for kind in (mastodon, plain)]
 
 
 def check_splitting(pairs: list[Pair]) -> None:
