@@ -60,6 +60,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -714,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
 
     texts, mix = text_requests(pairs), load_requests(pairs, args.mastodon_source)
     engines: dict[str, Engine] = {}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the servers are closed on the way out
     load_before = load_average()
     rows: list[dict] = []
     try:

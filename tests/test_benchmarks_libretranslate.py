@@ -17,11 +17,17 @@ from benchmarks import libretranslate  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def run(tmp_path, venv) -> dict:
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """The packages and artifacts, built by the first test and reused by the second."""
+    return tmp_path_factory.mktemp("libretranslate-work")
+
+
+def run(tmp_path, work, venv) -> dict:
     out = tmp_path / "result.json"
-    assert libretranslate.main(["--tiny", "--clients", "1", "--requests", "6", "--seconds", "60", "--work",
-                                str(tmp_path / "work"), "--lt-venv", str(venv), "--no-install", "--json", str(out),
-                                "--markdown", str(tmp_path / "table.md")]) == 0
+    assert libretranslate.main(["--tiny", "--clients", "1", "--requests", "6", "--seconds", "60", "--work", str(work),
+                                "--lt-venv", str(venv), "--no-install", "--json", str(out), "--markdown",
+                                str(tmp_path / "table.md")]) == 0
     return json.loads(out.read_text())
 
 
@@ -35,8 +41,8 @@ def check_rows(result: dict, engines: set[str]) -> None:
     assert meta["cpu"] and meta["cores"] > 0 and meta["load_mix"]["mastodon"] > 0 and meta["pairs"]
 
 
-def test_twostep_side_without_libretranslate(tmp_path):
-    result = run(tmp_path, tmp_path / "no-venv")
+def test_twostep_side_without_libretranslate(tmp_path, work):
+    result = run(tmp_path, work, tmp_path / "no-venv")
     assert "--no-install" in result["meta"]["skipped"]["libretranslate"]
     assert not (tmp_path / "no-venv").exists()
     check_rows(result, {"twostep"})
@@ -44,11 +50,11 @@ def test_twostep_side_without_libretranslate(tmp_path):
     assert "| 1 | twostep serve | 6 |" in (tmp_path / "table.md").read_text()
 
 
-def test_both_sides(tmp_path):
+def test_both_sides(tmp_path, work):
     if not libretranslate.lt_installed(libretranslate.DEFAULT_VENV):
         pytest.skip(f"no LibreTranslate venv at {libretranslate.DEFAULT_VENV} (python -m benchmarks.libretranslate "
                     "makes it)")
-    result = run(tmp_path, libretranslate.DEFAULT_VENV)
+    result = run(tmp_path, work, libretranslate.DEFAULT_VENV)
     check_rows(result, {"twostep", "libretranslate"})
     kinds = result["same"]["kinds"]
     assert set(kinds) == {"text", "mastodon", "libretranslatepy"}
