@@ -47,9 +47,10 @@ pair's server (the client routes; a server's idle time costs nothing).
    `q, source, target` as `LibreTranslateAPI(url).translate` sends them. Neither sends an API key (Mastodon's
    api_key is null, libretranslatepy leaves the field out): LibreTranslate 1.9.6 caches the answers of requests
    whose api_key is "" (its --translation-cache default "" is split into [""], the list of keys to cache for),
-   and a cached answer takes it no time. Engines alternate at each level. Reported: requests/s, sentences/s,
-   p50/p99 latency (and p50 per pair), errors, and twostep / LibreTranslate ratios against the issue's targets
-   (>= 3x throughput at 32 clients; lower p50 at 1).
+   and a cached answer takes it no time. The comparison above warms both engines up; which engine goes first
+   alternates from level to level. Reported: requests/s, sentences/s, p50/p99 latency (and p50 per pair),
+   errors, and twostep / LibreTranslate ratios against the issue's targets (>= 3x throughput at 32 clients;
+   lower p50 at 1). The machine is shared with whatever else runs on it: the load average is printed.
 """
 
 from __future__ import annotations
