@@ -1,6 +1,6 @@
 """twostep serve side by side with LibreTranslate itself, on the same Argos packages, in one run on one machine.
 
-    python -m benchmarks.libretranslate [--clients 1,8,32] [--requests N] [--seconds S] [--threads 2]
+    python -m benchmarks.libretranslate [--clients 1,8,32] [--requests N] [--seconds S] [--rounds 3] [--threads 2]
                                         [--lt-venv DIR] [--no-install] [--engines libretranslate,twostep]
                                         [--dtype fp32|int8] [--mastodon-source explicit|auto] [--tiny]
                                         [--work DIR] [--json OUT] [--markdown OUT]
@@ -47,10 +47,11 @@ pair's server (the client routes; a server's idle time costs nothing).
    `q, source, target` as `LibreTranslateAPI(url).translate` sends them. Neither sends an API key (Mastodon's
    api_key is null, libretranslatepy leaves the field out): LibreTranslate 1.9.6 caches the answers of requests
    whose api_key is "" (its --translation-cache default "" is split into [""], the list of keys to cache for),
-   and a cached answer takes it no time. The comparison above warms both engines up; which engine goes first
-   alternates from level to level. Reported: requests/s, sentences/s, p50/p99 latency (and p50 per pair),
-   errors, and twostep / LibreTranslate ratios against the issue's targets (>= 3x throughput at 32 clients;
-   lower p50 at 1). The machine is shared with whatever else runs on it: the load average is printed.
+   and a cached answer takes it no time. The comparison above warms both engines up. Each level runs in
+   `--rounds` rounds of requests/rounds and seconds/rounds, the engines alternating, pooled. Reported:
+   requests/s, sentences/s, p50/p99 latency (and p50 per pair), errors, and twostep / LibreTranslate ratios
+   against the issue's targets (>= 3x throughput at 32 clients; lower p50 at 1). The machine is shared with
+   whatever else runs on it: the load average is printed.
 """
 
 from __future__ import annotations
@@ -538,23 +539,22 @@ def errors_of(answers: dict[str, list]) -> dict[str, list]:
     return {name: [str(reply)[:300] for status, reply in got if status != 200] for name, got in answers.items()}
 
 
-async def closed_loop(engine: Engine, requests: list[Request], clients: int, max_requests: int,
-                      seconds: float) -> dict:
-    """`clients` workers, each sending the next request of the cycled mix and waiting for its answer, until
-    `max_requests` were sent or `seconds` passed; the requests in flight then are awaited."""
+async def closed_loop(engine: Engine, requests: list[Request], clients: int, max_requests: int, seconds: float,
+                      start: int = 0) -> dict:
+    """`clients` workers, each sending the next request of the cycled mix (from its `start`-th) and waiting for its
+    answer, until `max_requests` were sent or `seconds` passed; the requests in flight then are awaited. Each
+    answered request's (pair, seconds)."""
     import aiohttp
 
     sent = 0
-    latencies: list[tuple[str, float]] = []
-    counts = {"ok": 0, "errors": 0, "sentences": 0}
-    errors: list[str] = []
+    run: dict = {"latencies": [], "sentences": 0, "errors": []}
     deadline = time.monotonic() + seconds
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
         async def worker():
             nonlocal sent
             while sent < max_requests and time.monotonic() < deadline:
-                request = requests[sent % len(requests)]
+                request = requests[(start + sent) % len(requests)]
                 sent += 1
                 t0 = time.perf_counter()
                 try:
@@ -562,22 +562,33 @@ async def closed_loop(engine: Engine, requests: list[Request], clients: int, max
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     status, reply = None, repr(exc)
                 if status == 200:
-                    latencies.append((request.pair.name, time.perf_counter() - t0))
-                    counts["ok"] += 1
-                    counts["sentences"] += request.sentences
+                    run["latencies"].append((request.pair.name, time.perf_counter() - t0))
+                    run["sentences"] += request.sentences
                 else:
-                    counts["errors"] += 1
-                    errors.append(f"{status}: {str(reply)[:200]}")
+                    run["errors"].append(f"{status}: {str(reply)[:200]}")
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
-        wall = time.perf_counter() - started
+        run["wall_s"] = time.perf_counter() - started
+    run["sent"] = sent
+    return run
+
+
+def summary(engine: str, clients: int, runs: list[dict]) -> dict:
+    """An engine's rounds at one level, pooled: answers and sentences over the rounds' summed time, percentiles of
+    every answer's latency."""
+    latencies = [x for run in runs for x in run["latencies"]]
+    wall = sum(run["wall_s"] for run in runs)
+    ok, sentences = len(latencies), sum(run["sentences"] for run in runs)
+    errors = [e for run in runs for e in run["errors"]]
     ms = sorted(1000 * x for _, x in latencies) or [float("nan")]
     by_pair = {name: sorted(1000 * x for n, x in latencies if n == name) for name in dict(latencies)}
-    return {"engine": engine.name, "clients": clients, "sent": sent, **counts, "wall_s": wall,
-            "requests_per_s": counts["ok"] / wall, "sentences_per_s": counts["sentences"] / wall,
-            "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
-            "p50_ms_by_pair": {name: percentile(x, 50) for name, x in by_pair.items()}, "error_examples": errors[:5]}
+    return {"engine": engine, "clients": clients, "rounds": len(runs), "sent": sum(run["sent"] for run in runs),
+            "ok": ok, "errors": len(errors), "sentences": sentences, "wall_s": wall, "requests_per_s": ok / wall,
+            "sentences_per_s": sentences / wall, "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
+            "p50_ms_by_pair": {name: percentile(x, 50) for name, x in by_pair.items()},
+            "round_requests_per_s": [len(run["latencies"]) / run["wall_s"] for run in runs],
+            "error_examples": errors[:5]}
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -611,7 +622,9 @@ def ratios(rows: list[dict], levels: list[int]) -> list[dict]:
 
 def report(meta: dict, same: dict, rows: list[dict], ratio_rows: list[dict]) -> str:
     lines = [f"CPU: {meta['cpu']} ({meta['cpu_features']}), {meta['cores']} cores; {meta['date']}; load average "
-             f"before/after {meta['load_average']['before']}/{meta['load_average']['after']}",
+             f"before/after {meta['load_average']['before']}/{meta['load_average']['after']}; at most "
+             f"{meta['max_requests']} requests or {meta['max_seconds']:.0f} s per engine and level, in "
+             f"{meta['rounds']} rounds (the engines alternating), pooled",
              f"Each engine: CTranslate2 / ONNX Runtime on {meta['threads']} intra-op threads; LibreTranslate "
              f"{meta['versions'].get('libretranslate', '-')} under waitress (4 threads), its MiniSBD splitter "
              "replaced by a rule splitter (after . ! ? before whitespace) that splits every text sent as twostep's "
@@ -665,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=200, help="at most this many requests per engine and level")
     p.add_argument("--seconds", type=float, default=60, help="at most this long per engine and level (then the "
                    "requests in flight are awaited)")
+    p.add_argument("--rounds", type=int, default=3, help="each level's requests and seconds in this many rounds, "
+                   "the engines alternating, pooled (so that the machine's drift falls on both alike)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of each engine's model")
     p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {', '.join(ENGINES)}")
     p.add_argument("--lt-venv", type=Path, default=DEFAULT_VENV, help="LibreTranslate's own venv (made if absent)")
@@ -732,12 +747,17 @@ def main(argv: list[str] | None = None) -> int:
         log(f"same requests, one at a time: {len(texts)} texts and {len(mix)} load requests to each engine")
         same = asyncio.run(compare(engines, texts + unique(mix)))
         for i, clients in enumerate(levels):
-            order = list(engines) if i % 2 == 0 else list(engines)[::-1]
-            for name in order:
-                log(f"{clients} clients: {name}")
-                rows.append(asyncio.run(closed_loop(engines[name], mix, clients, args.requests, args.seconds)))
-                log(f"  {rows[-1]['ok']} answered in {rows[-1]['wall_s']:.1f} s: {rows[-1]['requests_per_s']:.2f} "
-                    f"requests/s, p50 {rows[-1]['p50_ms']:.0f} ms, {rows[-1]['errors']} errors")
+            runs: dict[str, list[dict]] = {name: [] for name in engines}
+            for r in range(args.rounds):
+                order = list(engines) if (i + r) % 2 == 0 else list(engines)[::-1]
+                for name in order:
+                    start = sum(run["sent"] for run in runs[name])
+                    run = asyncio.run(closed_loop(engines[name], mix, clients, args.requests // args.rounds,
+                                                  args.seconds / args.rounds, start))
+                    runs[name].append(run)
+                    log(f"{clients} clients, round {r + 1}/{args.rounds}, {name}: {len(run['latencies'])} answered in "
+                        f"{run['wall_s']:.1f} s, {len(run['errors'])} errors")
+            rows += [summary(name, clients, runs[name]) for name in engines]
     finally:
         for engine in engines.values():
             engine.close()
@@ -747,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"cpu": cpu, "cpu_features": features, "cores": os.cpu_count(), "threads": args.threads,
             "dtype": args.dtype, "serve_many": SERVE_MANY, "mastodon_source": args.mastodon_source,
             "pairs": ", ".join(f"{q.name} ({'Argos-sized, random, int8' if q.base else 'tiny, int8'})" for q in pairs),
-            "clients": levels, "max_requests": args.requests, "max_seconds": args.seconds,
+            "clients": levels, "max_requests": args.requests, "max_seconds": args.seconds, "rounds": args.rounds,
             "date": time.strftime("%Y-%m-%d %H:%M"), "python": sys.version.split()[0], "skipped": skipped,
             "versions": lt_version_info(args.lt_venv) if "libretranslate" in engines else {},
             "load_mix": {kind: sum(r.kind == kind for r in mix) for kind in ("mastodon", "libretranslatepy")},
