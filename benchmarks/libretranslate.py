@@ -28,9 +28,8 @@ default fp32, as a plain export; int8 is ONNX Runtime's dynamic int8):
   (benchmarks/argos.py's fit_eos) so that greedy decoding ends each benchmark sentence at about 1.1 x its
   source length. `--tiny` leaves it out (the test's seconds-long run).
 
-twostep serves the artifacts with `twostep serve` on `--threads`. `SERVE_MANY`: one `twostep serve ART1 ART2 ...`
-for every pair once main has the many-model server; until then one server a pair, each request sent to its
-pair's server (the client routes; a server's idle time costs nothing).
+twostep serves the artifacts with one `twostep serve ART1 ART2 ...` on `--threads`, as LibreTranslate serves its
+packages from one process (`SERVE_MANY = False`: one server a pair, each request sent to its pair's server).
 
 1. Same requests, same text: each input (sentences and paragraphs of 2-3 sentences, per pair) sent to both
    servers (POST /translate, JSON, explicit source and target, format text), one at a time; the share whose
@@ -42,8 +41,8 @@ pair's server (the client routes; a server's idle time costs nothing).
 2. Load: `--clients` closed-loop clients (aiohttp) per engine, each sending the next request of a fixed mix
    until `--requests` were sent or `--seconds` passed (the requests in flight then are awaited and counted):
    Mastodon-shaped, `{"q": [<html status>, (<spoiler>)], "source": ..., "target": ..., "format": "html"}` as
-   Mastodon's LibreTranslate service sends (source "auto" with `--mastodon-source auto`: that needs language
-   detection in twostep, not there yet; until then the real source), and libretranslatepy-shaped, form-encoded
+   Mastodon's LibreTranslate service sends (source "auto", its default; `--mastodon-source explicit`: the real
+   source), and libretranslatepy-shaped, form-encoded
    `q, source, target` as `LibreTranslateAPI(url).translate` sends them. Neither sends an API key (Mastodon's
    api_key is null, libretranslatepy leaves the field out): LibreTranslate 1.9.6 caches the answers of requests
    whose api_key is "" (its --translation-cache default "" is split into [""], the list of keys to cache for),
@@ -76,7 +75,7 @@ from pathlib import Path
 LT_VERSION = "1.9.6"
 DEFAULT_VENV = Path.home() / ".cache" / "twostep-bench" / f"libretranslate-{LT_VERSION}"
 REPO = Path(__file__).resolve().parents[1]
-SERVE_MANY = False  # True once `twostep serve ART1 ART2 ...` serves many models in one server (main, in progress)
+SERVE_MANY = True  # one `twostep serve ART1 ART2 ...` for every pair (False: a server a pair, the client routing)
 ENGINES = ("libretranslate", "twostep")
 LABELS = {"libretranslate": f"LibreTranslate {LT_VERSION}", "twostep": "twostep serve"}
 TARGETS = {"throughput": (32, 3.0), "p50": (1, 1.0)}  # the issue's: >= 3x requests/s at 32 clients, lower p50 at 1
@@ -686,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-install", action="store_true", help="never install LibreTranslate: skip it if its venv "
                    "lacks it")
     p.add_argument("--dtype", choices=("fp32", "int8"), default="fp32", help="twostep export --dtype")
-    p.add_argument("--mastodon-source", choices=("explicit", "auto"), default="explicit",
+    p.add_argument("--mastodon-source", choices=("explicit", "auto"), default="auto",
                    help="the Mastodon requests' source: the real one, or auto (needs twostep's language detection)")
     p.add_argument("--tiny", action="store_true", help="only the tiny en-fr and fr-en models (seconds)")
     p.add_argument("--work", type=Path, help="packages and artifacts are built here once and reused (default: "
