@@ -2,7 +2,8 @@
 busy others, and a server of many Argos pairs starting, in one run.
 
     python -m benchmarks.many_models [--work DIR] [--size tiny|base] [--pairs 50] [--max-loaded 4]
-                                     [--clients 1,8,32] [--seconds S] [--runs 3] [--json OUT] [--markdown OUT]
+                                     [--clients 1,8,32] [--seconds S] [--runs 3] [--artifact DIR]
+                                     [--json OUT] [--markdown OUT]
 
 The models are Argos Translate packages as argos-train makes them (benchmarks/opennmt_py.py): an OpenNMT-py
 checkpoint with random weights (xavier), converted by CTranslate2's converter with int8 quantization, packaged,
@@ -10,7 +11,8 @@ then `twostep import` + `twostep export` (fp32, its default). Sizes: tiny (d_mod
 base (argos-train's Transformer: d_model 512, 6+6 layers, 8 heads, d_ff 2048, a shared vocabulary of 32,000
 pieces). The generator's </s> bias is set high, so a text request decodes one token then </s> (the model is
 random: a text's answer is only there to show the pair answered); the throughput requests suppress </s> and
-decode exactly 32 tokens.
+decode exactly 32 tokens. `--artifact DIR`: an exported Argos package of one pair (any size) instead of building
+the `--size` model (the tests give their session's tiny one).
 
 One model is exported per size, once (import and export are timed); each pair's artifact is that folder with its
 files hard-linked and its manifest.json rewritten: the tokenizer's `languages` (the source and target code, the
@@ -60,6 +62,7 @@ import httpx
 from benchmarks.argos import cpu_features, small_spm
 from benchmarks.marian import cpu_model, load_average, versions
 from benchmarks.opennmt_py import ARGOS, EOS, SPECIALS, Size, argos_package
+from twostep.artifact import load_artifact
 
 TWOSTEP = [sys.executable, "-m", "twostep.cli"]
 # ISO 639-1 codes beside en, each a language of its own to langcodes (no zh/pt: LibreTranslate renames them)
@@ -139,6 +142,12 @@ def build(work: Path, model: ModelSize) -> dict:
            "files": sorted(p.name for p in (work / "art").iterdir())}
     done.write_text(json.dumps(out, indent=1))
     return out
+
+
+def given(art: Path) -> dict:
+    """What build says of an artifact made elsewhere: its size on disk; no seconds, no parameter count."""
+    return {"seconds": None, "params": None, "art_mib": folder_mib(art), "artifact": str(art),
+            "files": sorted(p.name for p in art.iterdir())}
 
 
 def folder_mib(path: Path) -> float:
@@ -406,7 +415,8 @@ def markdown(report: dict) -> str:
              "each | k=2 | k=3 | per model, after |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, x in report["memory"].items():
         b, r = report["build"][name], x["rss"]
-        lines.append(f"| {name} | {b['params'] / 1e6:.1f} M | {b['art_mib']:.0f} | "
+        params = f"{b['params'] / 1e6:.1f} M" if b["params"] else "?"
+        lines.append(f"| {name} | {params} | {b['art_mib']:.0f} | "
                      + " | ".join(f"{r[k]['ready_mib']:.0f}" for k in r)
                      + f" | **{x['per_model']['ready_mib']:.0f}** | "
                      + " | ".join(f"{r[k]['after_request_mib']:.0f}" for k in r)
@@ -430,7 +440,8 @@ def markdown(report: dict) -> str:
     b = report["build"][report["size"]]["seconds"]
     lines += ["", f"#### A server of {p['pairs']} Argos pairs ({report['size']}), --max-loaded {p['max_loaded']}", "",
               "| | |", "|---|---|",
-              f"| one export (import + export) | {b['import']:.1f} s + {b['export']:.1f} s |",
+              "| one export (import + export) | "
+              + (f"{b['import']:.1f} s + {b['export']:.1f} s |" if b else "not measured (--artifact) |"),
               f"| {p['pairs']} pair artifacts (hard links, manifest rewritten) | {p['copy_s']:.1f} s |",
               f"| start to /readyz 200 | {p['ready_s']:.1f} s ({p['loaded_at_ready']} loaded) |",
               f"| RSS at ready | {p['rss_ready_mib']:.0f} MiB |",
@@ -457,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,8,32", help="closed-loop clients per busy pair, comma-separated")
     parser.add_argument("--seconds", type=float, default=8.0, help="each throughput run's")
     parser.add_argument("--runs", type=int, default=3, help="throughput runs (the median is reported)")
+    parser.add_argument("--artifact", type=Path, help="an exported Argos artifact of one pair: the --size model "
+                        "(not built)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
@@ -471,11 +484,15 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     report["build"], report["memory"] = {}, {}
     for name in dict.fromkeys(["tiny", args.size]):
-        report["build"][name] = build(args.work / name, SIZES[name])
+        if args.artifact and name == args.size:
+            report["build"][name], art = given(args.artifact), args.artifact
+        else:
+            report["build"][name], art = build(args.work / name, SIZES[name]), args.work / name / "art"
         log(f"{name}: {report['build'][name]}")
-        report["memory"][name] = memory(args.work / name / "art", args.work / name, pairs)
-    art, work = args.work / args.size / "art", args.work / args.size
-    report["throughput"] = throughput(art, work, pairs, SIZES[args.size].vocab, levels, args.seconds, args.runs)
+        report["memory"][name] = memory(art, args.work / name, pairs)
+    work = args.work / args.size
+    vocab = load_artifact(art, check_hashes=False).config.src_vocab_size
+    report["throughput"] = throughput(art, work, pairs, vocab, levels, args.seconds, args.runs)
     report["many"] = many_pairs(art, work, pairs, args.max_loaded)
     report["machine"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "cpu_features": cpu_features(),
                          "versions": versions("onnxruntime", "numpy", "twostep"), "python": sys.version.split()[0],
