@@ -8,12 +8,16 @@ weights.
 - `opt`: the options CTranslate2's converter reads from a checkpoint.
 - `save_checkpoint`: the module as OpenNMT-py saves one (model.pt).
 - `convert_opennmt_py`: `ctranslate2.converters.OpenNMTPyConverter`, as ct2-opennmt-py-converter runs it.
+- `argos_package`: a CTranslate2 directory and a SentencePiece model as an Argos Translate package.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,3 +246,32 @@ def convert_opennmt_py(ckpt: Path, out: Path, quantization: str | None = None) -
 
     return Path(OpenNMTPyConverter(str(ckpt), unsafe_deserialization=True).convert(str(out), quantization=quantization,
                                                                                    force=True))
+
+
+def argos_package(ct2_dir: Path, spm_file: Path, out: Path, from_code: str = "en", to_code: str = "fr",
+                  zipped: bool = True) -> Path:
+    """An Argos Translate package as argos-train's train.py makes one: a folder translate-{from}_{to}-1_0 with
+    model/ (the CTranslate2 directory), sentencepiece.model, stanza/ (here a placeholder: argostranslate only checks
+    that it exists), metadata.json and README.md; zipped, that folder as the one top-level entry of
+    `out`/translate-{from}_{to}-1_0.argosmodel (what argostranslate.package.install_from_path extracts)."""
+    names = {"en": "English", "fr": "French", "de": "German", "es": "Spanish"}
+    name = f"translate-{from_code}_{to_code}-1_0"
+    folder = out / name
+    shutil.copytree(ct2_dir, folder / "model")
+    shutil.copy(spm_file, folder / "sentencepiece.model")
+    (folder / "stanza" / from_code / "tokenize").mkdir(parents=True)
+    (folder / "stanza" / "resources.json").write_text("{}\n")
+    (folder / "stanza" / from_code / "tokenize" / "README").write_text("a placeholder for a Stanza model\n")
+    metadata = {"package_version": "1.0", "argos_version": "1.0", "from_code": from_code,
+                "from_name": names.get(from_code, from_code), "to_code": to_code,
+                "to_name": names.get(to_code, to_code)}
+    (folder / "metadata.json").write_text(json.dumps(metadata, indent=4))
+    (folder / "README.md").write_text(f"# {metadata['from_name']}-{metadata['to_name']}\n\nA test model.\n")
+    if not zipped:
+        return folder
+    archive = out / f"{name}.argosmodel"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(folder.rglob("*")):
+            zf.write(path, path.relative_to(out).as_posix())
+    shutil.rmtree(folder)
+    return archive

@@ -6,28 +6,27 @@ tests against `ctranslate2.Translator`; nothing is downloaded.
   hf_models' sentences with the target word "chien" taught as <unk> (so that replace_unknowns has work to do).
 - `convert_opennmt_py`: `ctranslate2.converters.OpenNMTPyConverter` on it (float32 or int8, as argos-train does).
 - `marian_ct2`: hf_models' Marian directory through `ctranslate2.converters.TransformersConverter`.
-- `argos_package`: a CTranslate2 directory and a SentencePiece model as an .argosmodel package.
+- `argos_package` (from benchmarks/opennmt_py.py): a CTranslate2 directory and a SentencePiece model as a package.
 - `ct2_reference`, `argos_reference`: what ctranslate2.Translator gives, plainly and as argostranslate calls it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
-import zipfile
 from pathlib import Path
 
 import sentencepiece as spm
 
 import hf_models
-from benchmarks.opennmt_py import (  # noqa: F401 (EOS, SPECIALS, convert_opennmt_py: the fixtures')
+from benchmarks.opennmt_py import (  # noqa: F401 (EOS, SPECIALS, convert_opennmt_py, argos_package: the fixtures')
     BOS,
     EOS,
     PAD,
     SPECIALS,
     UNK,
     Size,
+    argos_package,
     build_model,
     convert_opennmt_py,
     init_glorot,
@@ -140,35 +139,6 @@ def marian_ct2(out: Path, seed: int = 0) -> Path:
         if not (ct2 / name).exists():
             shutil.copy(hf / name, ct2 / name)
     return ct2
-
-
-def argos_package(ct2_dir: Path, spm_file: Path, out: Path, from_code: str = "en", to_code: str = "fr",
-                  zipped: bool = True) -> Path:
-    """An Argos Translate package as argos-train's train.py makes one: a folder translate-{from}_{to}-1_0 with
-    model/ (the CTranslate2 directory), sentencepiece.model, stanza/ (here a placeholder: argostranslate only checks
-    that it exists), metadata.json and README.md; zipped, that folder as the one top-level entry of
-    `out`/translate-{from}_{to}-1_0.argosmodel (what argostranslate.package.install_from_path extracts)."""
-    names = {"en": "English", "fr": "French", "de": "German", "es": "Spanish"}
-    name = f"translate-{from_code}_{to_code}-1_0"
-    folder = out / name
-    shutil.copytree(ct2_dir, folder / "model")
-    shutil.copy(spm_file, folder / "sentencepiece.model")
-    (folder / "stanza" / from_code / "tokenize").mkdir(parents=True)
-    (folder / "stanza" / "resources.json").write_text("{}\n")
-    (folder / "stanza" / from_code / "tokenize" / "README").write_text("a placeholder for a Stanza model\n")
-    metadata = {"package_version": "1.0", "argos_version": "1.0", "from_code": from_code,
-                "from_name": names.get(from_code, from_code), "to_code": to_code,
-                "to_name": names.get(to_code, to_code)}
-    (folder / "metadata.json").write_text(json.dumps(metadata, indent=4))
-    (folder / "README.md").write_text(f"# {metadata['from_name']}-{metadata['to_name']}\n\nA tiny test model.\n")
-    if not zipped:
-        return folder
-    archive = out / f"{name}.argosmodel"
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(folder.rglob("*")):
-            zf.write(path, path.relative_to(out).as_posix())
-    shutil.rmtree(folder)
-    return archive
 
 
 # ---- references ----------------------------------------------------------------------------------------------------
