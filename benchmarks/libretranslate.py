@@ -33,9 +33,8 @@ packages from one process (`SERVE_MANY = False`: one server a pair, each request
 
 1. Same requests, same text: each input (sentences and paragraphs of 2-3 sentences, per pair) sent to both
    servers (POST /translate, JSON, explicit source and target, format text), one at a time; the share whose
-   translatedText is identical, and the share identical once LibreTranslate's own post-processing
-   (libretranslate/language.py improve_translation_formatting: the source's final punctuation and case copied
-   onto the translation, text format only) is applied to twostep's text. LibreTranslate computes in int8,
+   translatedText is identical (both apply LibreTranslate's formatting to text: twostep.serving.api.libretranslate
+   `formatted`). LibreTranslate computes in int8,
    twostep in `--dtype` from the int8 weights dequantized: some differences are expected. The Mastodon-shaped
    requests of the load are compared too (html). --json lists differing examples.
 2. Load: `--clients` closed-loop clients (aiohttp) per engine, each sending the next request of a fixed mix
@@ -467,42 +466,6 @@ async def post(session, engine: Engine, request: Request):
             return r.status, text
 
 
-def improve_translation_formatting(source: str, translation: str) -> str:
-    """LibreTranslate's post-processing of a text-format translation (libretranslate/language.py, 1.9.6, with
-    improve_punctuation and remove_single_word_duplicates): re-created here to tell its differences apart."""
-    source = source.strip()
-    if not source:
-        return ""
-    if not translation:
-        return source
-    marks = ["!", "?", ".", ",", ";", "。"]
-    if source[-1] in marks:
-        if translation[-1] != source[-1]:
-            if translation[-1] in marks:
-                translation = translation[:-1]
-            translation += source[-1]
-    elif translation[-1] in marks:
-        translation = translation[:-1]
-    if len(source) < 20 and source.count(" ") == 0 and translation.count(" ") > 0:
-        bow = translation.split()
-        count: dict[str, int] = {}
-        for word in bow:
-            count[word] = count.get(word, 0) + 1
-        if any(n / len(count) >= 2 for n in count.values()):
-            translation = bow[0]
-    if source.islower():
-        return translation.lower()
-    if source.isupper():
-        return translation.upper()
-    if not translation:
-        return source
-    if source[0].islower():
-        return translation[0].lower() + translation[1:]
-    if source[0].isupper():
-        return translation[0].upper() + translation[1:]
-    return translation
-
-
 async def compare(engines: dict[str, Engine], requests: list[Request]) -> dict:
     """Each request once to each engine, one at a time: how often translatedText is identical, per kind of
     request, and the differing ones."""
@@ -518,19 +481,14 @@ async def compare(engines: dict[str, Engine], requests: list[Request]) -> dict:
     out: dict = {"compared": True, "errors": errors_of(answers), "kinds": {}, "differing": []}
     for kind in dict.fromkeys(r.kind for r in requests):
         indices = [i for i, r in enumerate(requests) if r.kind == kind and lt[i][0] == 200 and ts[i][0] == 200]
-        same = formatted = 0
+        same = 0
         for i in indices:
             a, b = lt[i][1]["translatedText"], ts[i][1]["translatedText"]
             same += a == b
-            if requests[i].body.get("format", "text") == "text":
-                formatted += a == improve_translation_formatting(requests[i].body["q"], b)
             if a != b:
                 out["differing"].append({**requests[i].describe(), "libretranslate": a, "twostep": b})
-        row = {"requests": len(indices), "identical": same, "identical_rate": same / max(len(indices), 1)}
-        if kind != "mastodon":  # format text: LibreTranslate formats its translations
-            row.update(identical_after_formatting=formatted, identical_after_formatting_rate=formatted
-                       / max(len(indices), 1))
-        out["kinds"][kind] = row
+        out["kinds"][kind] = {"requests": len(indices), "identical": same,
+                              "identical_rate": same / max(len(indices), 1)}
     return out
 
 
@@ -631,12 +589,9 @@ def report(meta: dict, same: dict, rows: list[dict], ratio_rows: list[dict]) -> 
              f"{'one server for all pairs' if meta['serve_many'] else 'one server a pair (the client routes)'}; "
              f"Mastodon requests' source {meta['mastodon_source']}. Pairs: {meta['pairs']}.", ""]
     if same.get("compared"):
-        lines += ["| same requests (one at a time) | requests | identical translatedText | identical once "
-                  "LibreTranslate's formatting is applied to twostep's |", "|---|---:|---:|---:|"]
+        lines += ["| same requests (one at a time) | requests | identical translatedText |", "|---|---:|---:|"]
         for kind, r in same["kinds"].items():
-            after = (f"{r['identical_after_formatting']} ({r['identical_after_formatting_rate']:.0%})"
-                     if "identical_after_formatting" in r else "-")
-            lines.append(f"| {kind} | {r['requests']} | {r['identical']} ({r['identical_rate']:.0%}) | {after} |")
+            lines.append(f"| {kind} | {r['requests']} | {r['identical']} ({r['identical_rate']:.0%}) |")
         lines.append("")
     lines += ["| clients | engine | requests | requests/s | sentences/s | p50 ms | p99 ms | errors |",
               "|---:|---|---:|---:|---:|---:|---:|---:|"]

@@ -20,6 +20,7 @@ from twostep.errors import BadArtifact, BadInput
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.decoding.options import with_defaults
 from twostep.runtime.translator import open_translator
+from twostep.serving.api.libretranslate import formatted
 
 ARGOS = {"beam_size": 4, "length_penalty": 0.2, "beam_stop": "ctranslate2", "max_new_tokens": 64,
          "min_new_tokens": 1}
@@ -84,7 +85,7 @@ def test_server_translates_with_them_unless_a_field_says_otherwise(argos):
         assert texts(post(url, {"text": SENTENCES, "beam": None})) == explicit  # null: not set
         lt = [httpx.post(f"{url}/translate", json={"q": s, "source": "en", "target": "de"}, timeout=60).json()
               for s in SENTENCES]
-        assert [r["translatedText"] for r in lt] == explicit
+        assert [r["translatedText"] for r in lt] == [formatted(s, t) for s, t in zip(SENTENCES, explicit)]
 
 
 def test_a_bad_decoding_section_is_one_line(argos, tmp_path):

@@ -15,6 +15,7 @@ libretranslatepy = pytest.importorskip("libretranslatepy", reason="LibreTranslat
 from serving_helpers import post, server  # noqa: E402
 from twostep.runtime.decoding import DecodeOptions  # noqa: E402
 from twostep.runtime.translator import open_translator  # noqa: E402
+from twostep.serving.api.libretranslate import formatted  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +32,27 @@ def demo_server(demo_artifact):
 @pytest.fixture(scope="module")
 def reference(demo_artifact):
     translator, backend = open_translator(demo_artifact, options=DecodeOptions(beam_size=3, n_best=3))
-    with backend:
-        return {"greedy": translator.translate(SENTENCES, DecodeOptions()),
-                "nbest": translator.translate_nbest(SENTENCES)}
+    with backend:  # as LibreTranslate answers them: formatted like their sources
+        greedy = translator.translate(SENTENCES, DecodeOptions())
+        nbest = translator.translate_nbest(SENTENCES)
+    return {"greedy": [formatted(s, t) for s, t in zip(SENTENCES, greedy)], "html": greedy,
+            "nbest": [[(formatted(s, t), score) for t, score in hyps] for s, hyps in zip(SENTENCES, nbest)]}
+
+
+@pytest.mark.parametrize("source, translation, answer", [
+    ("Hello world.", "hola mundo", "Hola mundo."),  # the source's final mark, and its first letter's case
+    ("Hello world", "Hola mundo.", "Hola mundo"),  # none where the source has none
+    ("Hello world?", "Hola mundo.", "Hola mundo?"),
+    ("hello there", "HOLA AMIGO", "hola amigo"),  # all lower
+    ("HELLO THERE", "hola amigo", "HOLA AMIGO"),  # all upper
+    ("Hello", "hola hola hola", "Hola"),  # one word, its translation one word repeated: that word
+    ("Hello", "hola amigo", "Hola amigo"),
+    ("3 cats", "3 chats.", "3 chats"),
+    ("Tom &amp; Jerry", "Tom &amp; Jerry", "Tom & Jerry"),  # entities unescaped
+    ("  ", "x", ""), ("Hi.", "", "Hi."),
+])
+def test_text_is_formatted_as_libretranslate_formats_it(source, translation, answer):
+    assert formatted(source, translation) == answer
 
 
 def refusal(call) -> tuple[int, str]:
@@ -77,7 +96,7 @@ def test_html_keeps_its_tags_and_translates_its_text(demo_server, reference):
     page = f'<p class="n">{a}</p>\n<ul><li><b>{c}</b><li>{b}</ul><!-- {c} -->'
     r = lt(url, q=page, source="en", target="de", format="html")
     assert r.status_code == 200, r.text
-    ta, tb, tc = reference["greedy"]
+    ta, tb, tc = reference["html"]  # html: not formatted, as LibreTranslate
     assert r.json()["translatedText"] == f'<p class="n">{ta}</p>\n<ul><li><b>{tc}</b><li>{tb}</ul><!-- {c} -->'
     # alternatives asked for html: none (LibreTranslate answers an empty list), the text as without them
     r = lt(url, q=[page, f"<i>{a}</i>"], source="en", target="de", format="html", alternatives=2)
@@ -142,7 +161,8 @@ def test_an_argos_package_serves_argostranslates_text(argos_artifact, ct2_models
     with server(argos_artifact) as (url, proc):
         client = libretranslatepy.LibreTranslateAPI(url)
         assert [(lang["code"], lang["targets"]) for lang in client.languages()] == [("en", ["fr"])]
-        assert [client.translate(s, "en", "fr") for s in sentences] == expected
+        assert [client.translate(s, "en", "fr") for s in sentences] == [formatted(s, t)
+                                                                        for s, t in zip(sentences, expected)]
         answer = post(url, {"text": sentences, "src_lang": "en", "tgt_lang": "fr", "split": False})
         assert answer.status_code == 200, answer.text
         assert [hyps[0]["text"] for hyps in answer.json()["translations"]] == expected

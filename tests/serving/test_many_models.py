@@ -17,6 +17,7 @@ pytest.importorskip("lingua", reason="detection needs its extra (pip install -e 
 
 from serving_helpers import post, refused_start, server  # noqa: E402
 from twostep.runtime.translator import open_translator  # noqa: E402
+from twostep.serving.api.libretranslate import formatted  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -62,8 +63,8 @@ def test_libretranslate_client_reaches_each_pair_and_the_pivot(many, reference):
     for _ in range(2):  # three models, two loaded: each round loads one anew
         for source, target in (("en", "fr"), ("de", "en"), ("en", "es"), ("de", "fr")):
             texts = ENGLISH if source == "en" else GERMAN
-            assert [client.translate(t, source, target) for t in texts] == [reference[source, target][t]
-                                                                           for t in texts]
+            assert [client.translate(t, source, target) for t in texts] == [
+                formatted(t, reference[source, target][t]) for t in texts]  # LibreTranslate's formatting
     assert client.translate(ENGLISH[0], "en", "en") == ENGLISH[0]  # one language: the text as it came
     log = "".join(proc.log)
     assert log.count("unloading") >= 3 and "(2 loaded)" in log and "(3 loaded)" not in log
@@ -102,7 +103,7 @@ def test_auto_detects_each_texts_language(many, reference):
     assert [d["language"] for d in answer["detectedLanguage"]] == ["en", "de", "en"]
     assert answer["detectedLanguage"][2]["confidence"] == 0  # nothing to translate: LibreTranslate's fallback
     one = httpx.post(f"{url}/translate", json={"q": GERMAN[1], "source": "auto", "target": "en"}, timeout=60).json()
-    assert one == {"translatedText": reference["de", "en"][GERMAN[1]],
+    assert one == {"translatedText": formatted(GERMAN[1], reference["de", "en"][GERMAN[1]]),
                    "detectedLanguage": {"language": "de", "confidence": one["detectedLanguage"]["confidence"]}}
     v1 = post(url, {"text": [ENGLISH[1], GERMAN[1]], "src_lang": "auto", "tgt_lang": "es"})
     assert v1.status_code == 200, v1.text
@@ -110,7 +111,7 @@ def test_auto_detects_each_texts_language(many, reference):
     # Weblate: a form post; its /languages read above
     weblate = httpx.post(f"{url}/translate", data={"q": ENGLISH[0], "source": "en", "target": "es",
                                                    "format": "text"}, timeout=60)
-    assert weblate.json() == {"translatedText": reference["en", "es"][ENGLISH[0]]}
+    assert weblate.json() == {"translatedText": formatted(ENGLISH[0], reference["en", "es"][ENGLISH[0]])}
 
 
 @pytest.mark.parametrize("path, body, message", [
@@ -126,7 +127,7 @@ def test_bad_requests_are_one_line_and_the_server_keeps_serving(many, reference,
     r = httpx.post(f"{url}{path}", json=body, timeout=60)
     assert (r.status_code, r.json()) == (400, {"error": message})
     client = libretranslatepy.LibreTranslateAPI(url)
-    assert client.translate(ENGLISH[0], "en", "fr") == reference["en", "fr"][ENGLISH[0]]
+    assert client.translate(ENGLISH[0], "en", "fr") == formatted(ENGLISH[0], reference["en", "fr"][ENGLISH[0]])
 
 
 def test_a_pair_no_model_and_no_pivot_reaches_is_libretranslates_400(pairs):

@@ -26,6 +26,7 @@ take the key as `api_key` or as the Bearer header; the other paths are open, as 
 from __future__ import annotations
 
 import asyncio
+import html
 from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request
@@ -279,10 +280,49 @@ def router(service: Service) -> APIRouter:
             return [(text, []) for text in out]
         others = [plan.join([r[min(k, len(r) - 1)] if r else "" for r in done.ranked])
                   for k in range(1, ask.alternatives + 1)]
-        return [(best[i], list(dict.fromkeys(alt[i] for alt in others if alt[i] != best[i])))
-                for i in range(len(texts))]
+        out = []
+        for i, text in enumerate(texts):
+            first = formatted(text, best[i])
+            alternatives = (formatted(text, alt[i]) for alt in others)
+            out.append((first, list(dict.fromkeys(a for a in alternatives if a not in (first, "")))))
+        return out
 
     return routes
+
+
+def formatted(source: str, translation: str) -> str:
+    """A text-format translation as LibreTranslate answers it (its libretranslate/language.py
+    improve_translation_formatting, 1.9.6): the source's final punctuation mark in place of the translation's (or
+    the translation's dropped where the source has none), a one-word source whose translation repeats one word
+    cut to that word (its workaround for models that repeat a word endlessly), the source's case (all lower, all
+    upper, or its first letter's); then html entities unescaped, as LibreTranslate does."""
+    source = source.strip()
+    if not source or not translation:
+        return html.unescape(source)
+    marks = ["!", "?", ".", ",", ";", "。"]
+    if source[-1] in marks:
+        if translation[-1] != source[-1]:
+            if translation[-1] in marks:
+                translation = translation[:-1]
+            translation += source[-1]
+    elif translation[-1] in marks:
+        translation = translation[:-1]
+    if len(source) < 20 and source.count(" ") == 0 and translation.count(" ") > 0:
+        words = translation.split()
+        count: dict[str, int] = {}
+        for word in words:
+            count[word] = count.get(word, 0) + 1
+        if any(n / len(count) >= 2 for n in count.values()):
+            translation = words[0]
+    if source.islower():
+        translation = translation.lower()
+    elif source.isupper():
+        translation = translation.upper()
+    elif source[0].islower():
+        translation = translation[0].lower() + translation[1:]
+    elif source[0].isupper():
+        translation = translation[0].upper() + translation[1:]
+    return html.unescape(translation)
 
 
 def node_text(ask: Ask, text: str) -> str:
