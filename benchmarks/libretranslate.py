@@ -69,7 +69,9 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Only the standard library at module level: --launch-libretranslate runs this file under LibreTranslate's venv.
+# Only the standard library at module level (benchmarks.marian's too): --launch-libretranslate runs this file under
+# LibreTranslate's venv.
+from benchmarks.marian import run_cmd, twostep_cli
 
 LT_VERSION = "1.9.6"
 DEFAULT_VENV = Path.home() / ".cache" / "twostep-bench" / f"libretranslate-{LT_VERSION}"
@@ -301,16 +303,6 @@ def prepare(work: Path, pairs: list[Pair], dtype: str, log) -> dict[str, Path]:
             run_cmd(twostep_cli("export", ckpt, "--out", art, "--dtype", dtype, "--force"), "twostep export")
         paths[pair.name] = art
     return paths
-
-
-def run_cmd(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed ({' '.join(map(str, cmd))}):\n{(proc.stderr or proc.stdout)[-3000:]}")
-
-
-def twostep_cli(*args) -> list[str]:
-    return [sys.executable, "-m", "twostep.cli", *map(str, args)]
 
 
 # ---------------------------------------------------------------------------------------------- LibreTranslate
