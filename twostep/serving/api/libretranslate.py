@@ -26,6 +26,7 @@ take the key as `api_key` or as the Bearer header; the other paths are open, as 
 from __future__ import annotations
 
 import asyncio
+import functools
 import html
 from dataclasses import dataclass, replace
 
@@ -139,6 +140,16 @@ class Ask:
             raise BadInput(f"{markup} format is not supported")
         return cls(texts, one, source, target, markup, alternatives)
 
+    @functools.cached_property
+    def fragments(self) -> list | None:
+        """Each html text parsed, once (None for format text); read after the size checks."""
+        return [parse_html(text) for text in self.texts] if self.markup == "html" else None
+
+    def words(self, i: int) -> str:
+        """What text i's language is detected from, and whether it has anything to translate: its text nodes for
+        html."""
+        return " ".join(self.fragments[i].sources()) if self.fragments else self.texts[i]
+
 
 def languages_of(service: Service) -> list[dict]:
     """GET /languages: each source language the server translates from, by its standard tag where it has one,
@@ -220,8 +231,7 @@ def router(service: Service) -> APIRouter:
         out: list = list(ask.texts)  # a text with nothing to translate stays as it came
         alternatives: list[list[str]] = [[] for _ in ask.texts]
         try:
-            done = await asyncio.gather(*(translated(ask, route, [ask.texts[i] for i in where], request)
-                                          for route, where in groups))
+            done = await asyncio.gather(*(translated(ask, route, where, request) for route, where in groups))
         except TwostepError as exc:  # refused (an over-long sentence, the queue), or failed while decoding
             return REFUSED.response(service, exc)
         for (_, where), answers in zip(groups, done):
@@ -240,13 +250,13 @@ def router(service: Service) -> APIRouter:
         """The routes of a request's texts, each with the indices of its texts (those with something to
         translate), and what was detected of each text (None unless `source` is auto)."""
         catalog = service.running()
-        todo = [i for i, text in enumerate(ask.texts) if translatable(node_text(ask, text))]
+        todo = [i for i in range(len(ask.texts)) if translatable(ask.words(i))]
         detect = ask.source == "auto" and bool(catalog.source_tags())
         if not detect:
             # an unknown code, or a pair without a route, fails the request whole
             route = routed(catalog, ask.source, ask.target)
             return ([(route, todo)] if todo else []), None
-        found = await service.sources_of([node_text(ask, ask.texts[i]) for i in todo], "source")
+        found = await service.sources_of([ask.words(i) for i in todo], "source")
         detected = [{"confidence": 0.0, "language": fallback(catalog.source_tags())} for _ in ask.texts]
         by_source: dict[str, list[int]] = {}
         for i, (tag, confidence) in zip(todo, found):
@@ -254,9 +264,10 @@ def router(service: Service) -> APIRouter:
             by_source.setdefault(tag, []).append(i)
         return [(routed(catalog, tag, ask.target), where) for tag, where in by_source.items()], detected
 
-    async def translated(ask: Ask, route: Route, texts: list[str], request: Request) -> list | None:
-        """Each text's translation and alternatives along `route` (None: the client went away)."""
-        fragments = [parse_html(text) for text in texts] if ask.markup == "html" else None
+    async def translated(ask: Ask, route: Route, where: list[int], request: Request) -> list | None:
+        """The translation and alternatives of each text of `where` along `route` (None: the client went away)."""
+        texts = [ask.texts[i] for i in where]
+        fragments = [ask.fragments[i] for i in where] if ask.fragments else None
         nodes = [node for fragment in fragments for node in fragment.sources()] if fragments else texts
 
         def options(translator, last: bool):
@@ -323,11 +334,6 @@ def formatted(source: str, translation: str) -> str:
     elif source[0].isupper():
         translation = translation[0].upper() + translation[1:]
     return html.unescape(translation)
-
-
-def node_text(ask: Ask, text: str) -> str:
-    """What a text's language is detected from: its text nodes for html."""
-    return " ".join(parse_html(text).sources()) if ask.markup == "html" else text
 
 
 def fallback(sources: list[str]) -> str:
