@@ -284,10 +284,12 @@ class Service:
             self.detector = open_detector()
         return await asyncio.to_thread(self.detector.detect, list(texts), languages)
 
-    async def sources_of(self, texts: Sequence[str], field: str) -> list[tuple[str, float]]:
-        """Each text's detected source language, (tag, confidence), for a request whose `field` says auto. Where
-        nothing matches: the server's one source language with confidence 0, as LibreTranslate translates what it
-        cannot detect; among several, a BadInput that asks for `field`."""
+    async def sources_of(self, texts: Sequence[str],
+                         field: str) -> tuple[list[tuple[str, float]], dict[str, list[int]]]:
+        """Each text's detected source language, (tag, confidence), for a request whose `field` says auto, and the
+        texts' indices by language (each language is one route). Where nothing matches: the server's one source
+        language with confidence 0, as LibreTranslate translates what it cannot detect; among several, a BadInput
+        that asks for `field`."""
         sources = self.running().source_tags()
         out = []
         for i, candidates in enumerate(await self.detect(texts)):
@@ -295,7 +297,10 @@ class Service:
                 raise BadInput(f"the language of text {i + 1} is none of those this server translates from "
                                f"({', '.join(sources)}): name the {field}")
             out.append(candidates[0] if candidates else (sources[0], 0.0))
-        return out
+        by_language: dict[str, list[int]] = {}
+        for i, (tag, _) in enumerate(out):
+            by_language.setdefault(tag, []).append(i)
+        return out, by_language
 
 
 @dataclass(frozen=True)

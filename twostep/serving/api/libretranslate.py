@@ -256,13 +256,12 @@ def router(service: Service) -> APIRouter:
             # an unknown code, or a pair without a route, fails the request whole
             route = routed(catalog, ask.source, ask.target)
             return ([(route, todo)] if todo else []), None
-        found = await service.sources_of([ask.words(i) for i in todo], "source")
+        found, by_source = await service.sources_of([ask.words(i) for i in todo], "source")
         detected = [{"confidence": 0.0, "language": fallback(catalog.source_tags())} for _ in ask.texts]
-        by_source: dict[str, list[int]] = {}
         for i, (tag, confidence) in zip(todo, found):
             detected[i] = {"confidence": float(confidence), "language": tag}
-            by_source.setdefault(tag, []).append(i)
-        return [(routed(catalog, tag, ask.target), where) for tag, where in by_source.items()], detected
+        return [(routed(catalog, tag, ask.target), [todo[j] for j in where])
+                for tag, where in by_source.items()], detected
 
     async def translated(ask: Ask, route: Route, where: list[int], request: Request) -> list | None:
         """The translation and alternatives of each text of `where` along `route` (None: the client went away)."""

@@ -246,10 +246,7 @@ def router(service: Service) -> APIRouter:
             return [(catalog.route(body.src_lang, body.tgt_lang), list(range(count)))], None
         if body.text is None:
             raise BadInput("bad request: src_lang auto takes text, not ids")
-        found = await service.sources_of(body.text, "src_lang")
-        by_source: dict[str, list[int]] = {}
-        for i, (tag, _) in enumerate(found):
-            by_source.setdefault(tag, []).append(i)
+        found, by_source = await service.sources_of(body.text, "src_lang")
         detected = [{"language": tag, "confidence": float(confidence)} for tag, confidence in found]
         return [(catalog.route(tag, body.tgt_lang), where) for tag, where in by_source.items()], detected
 
