@@ -154,7 +154,7 @@ PRETRAINED = {  # name: (builder, languages, a second target language forced per
                   "deu_Latn"),
     "mbart50": (hf_models.mbart50_dir, {"src_lang": "en_XX", "tgt_lang": "fr_XX"}, "de_DE"),
     "t5": (hf_models.t5_dir, {}, None),
-    "madlad": (lambda out: hf_models.t5_dir(out, madlad=True), {"tgt_lang": "de"}, "fr"),
+    "madlad": (lambda out: hf_models.t5_dir(out, madlad=True), {"tgt_lang": "fr"}, "de"),
 }
 JSON_ONLY = {"nllb-json"}  # tokenizer.json without the SentencePiece model (as transformers 5 saves it)
 NEW_TOKENS = 20

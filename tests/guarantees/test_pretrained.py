@@ -129,7 +129,7 @@ STANDARD_CODES = {"marian": {"tgt_lang": "fr"}, "marian-separate": {},
                   "nllb": {"src_lang": "en-US", "tgt_lang": "fr-FR"},
                   "nllb-json": {"src_lang": "en", "tgt_lang": "fre"},
                   "mbart50": {"src_lang": "en-GB", "tgt_lang": "fr"}, "t5": {},
-                  "madlad": {"tgt_lang": "deu"}}
+                  "madlad": {"tgt_lang": "fra"}}
 
 
 def test_standard_language_codes_mean_the_models_own(pretrained):

@@ -42,8 +42,9 @@ def test_source_ids_are_those_of_the_family_tokenizer(pretrained):
         if "src_lang" in langs:
             theirs.src_lang = langs["src_lang"]
             want = theirs(text).input_ids
-        elif "tgt_lang" in langs:
-            want = theirs(f">>{langs['tgt_lang']}<< {text}").input_ids
+        elif "tgt_lang" in langs:  # Marian's >>fra<<, MADLAD's <2fr> before the text
+            token = f"<2{langs['tgt_lang']}>" if pretrained.name == "madlad" else f">>{langs['tgt_lang']}<<"
+            want = theirs(f"{token} {text}").input_ids
         else:
             want = theirs(text).input_ids
         assert ours.encode_source(text, **langs) == want, text
