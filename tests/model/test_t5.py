@@ -157,3 +157,17 @@ def test_what_twostep_does_not_run_is_refused_in_one_line(pretrained, tmp_path, 
     result = twostep("import", src, "--out", tmp_path / "ckpt")
     assert_user_error(result, message)
     assert not (tmp_path / "ckpt").exists() and not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("pretrained", ["t5"], indirect=True)
+def test_a_t5_of_one_pair_is_named_at_import(pretrained, tmp_path):
+    """A T5 without <2xx> pieces has no languages of its own; --src-lang/--tgt-lang name its pair, which adds no
+    token: the same source ids as before, the pair listed."""
+    from twostep.model.checkpoint import load_checkpoint
+
+    assert load_checkpoint(pretrained.ckpt).tokenizer.languages.target == {}
+    result = twostep("import", pretrained.hf, "--out", tmp_path / "ckpt", "--src-lang", "en", "--tgt-lang", "de")
+    assert result.returncode == 0, result.stderr
+    spec = load_checkpoint(tmp_path / "ckpt").tokenizer
+    assert (list(spec.languages.source), list(spec.languages.target)) == (["en"], ["de"])
+    assert spec.languages.target["de"].source == spec.languages.source["en"] == ()
