@@ -470,12 +470,15 @@ const json& kv_shape(const json& decoder, const std::string& name, const std::st
 }
 }  // namespace
 
+// A source language is needed where one has tokens to put before the source. MADLAD's source languages have none
+// (the model reads any language): they may be left out.
 std::string Languages::source_code(const std::string& code) const {
-  return pick_language(source, aliases, code, default_source, !source.empty(), "source", "--src-lang");
+  const bool needs = std::any_of(source.begin(), source.end(), [](const auto& s) { return !s.second.empty(); });
+  return pick_language(source, aliases, code, default_source, needs, "source", "--src-lang");
 }
 
-// A target language is needed where one has tokens to force on the decoder. Marian's go into the source, where
-// its users may type them themselves (">>fra<< text"), so they may be left out.
+// A target language is needed where one has tokens to force on the decoder. Marian's and MADLAD's go into the
+// source, where their users may type them themselves (">>fra<< text", "<2fr> text"), so they may be left out.
 std::string Languages::target_code(const std::string& code) const {
   const bool needs = std::any_of(target.begin(), target.end(), [](const auto& t) { return !t.second.decoder.empty(); });
   return pick_language(target, aliases, code, default_target, needs, "target", "--tgt-lang");

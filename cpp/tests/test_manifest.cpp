@@ -412,6 +412,16 @@ TEST_CASE("languages: the default, or one the model has") {
   CHECK(marian.target_code("") == "");
   CHECK(marian.target_code("spa") == "spa");
   CHECK(error_of([&] { marian.target_code("deu"); }) == "unknown target language 'deu': this model has fra, spa");
+
+  // MADLAD: source languages without ids (optional, as Python's Languages.pick), the target's ids in the source.
+  twostep::Languages madlad;
+  madlad.source = {{"en", {}}, {"fr", {}}};
+  madlad.target = {{"fr", {{40}, {}}}, {"de", {{41}, {}}}};
+  CHECK(madlad.source_code("") == "");
+  CHECK(madlad.source_code("fr") == "fr");
+  CHECK(error_of([&] { madlad.source_code("it"); }) == "unknown source language 'it': this model has en, fr");
+  CHECK(madlad.target_code("") == "");
+  CHECK(madlad.target_code("de") == "de");
 }
 
 TEST_CASE("languages: a standard code means the model code its aliases name, as Python's Languages.pick") {

@@ -328,9 +328,10 @@ def test_cpp_unit_tests(cpp_build):
 
 def test_cpp_decodes_pretrained_families_as_transformers_does(cpp_build, pretrained):
     """Marian (a >>fra<< source token, pad never generated, decoding from pad), M2M100, NLLB and mBART-50 (the
-    source language's token first, the target's forced after eos): transformers' generate() text, greedy and
-    beam 4 with its stopping rule, from the manifest alone. NLLB with a tokenizer.json alone: text is refused with
-    one line that says what to pass instead (tests/cpp's token-id test covers its ids)."""
+    source language's token first, the target's forced after eos), T5 (no languages, decoding from pad) and MADLAD
+    (<2fr> before the source, source languages without tokens, so none is needed): transformers' generate() text,
+    greedy and beam 4 with its stopping rule, from the manifest alone. NLLB with a tokenizer.json alone: text is
+    refused with one line that says what to pass instead (tests/cpp's token-id test covers its ids)."""
     import hf_models
     from conftest import NEW_TOKENS
 
@@ -367,7 +368,8 @@ def test_cpp_decodes_pretrained_families_as_transformers_does(cpp_build, pretrai
 def test_cpp_takes_standard_language_codes_as_python_does(cpp_build, pretrained):
     """fr, fra, fre, fr-FR, FR (and en-US for the source) translate as the model's own code (NLLB's fra_Latn,
     mBART-50's fr_XX, Marian's fra) through the manifest's aliases; xx is refused with Languages.pick's message.
-    A tokenizer.json-only artifact takes ids: its forced target tokens follow the code the same way."""
+    A tokenizer.json-only artifact takes ids: its forced target tokens follow the code the same way. MADLAD's source
+    languages have no tokens: en-US is taken and adds none."""
     import hf_models
     from conftest import NEW_TOKENS
     from twostep.artifact import load_artifact
@@ -375,6 +377,7 @@ def test_cpp_takes_standard_language_codes_as_python_does(cpp_build, pretrained)
 
     if "tgt_lang" not in pretrained.langs:
         pytest.skip(f"{pretrained.name} has no target languages")
+    languages = load_artifact(pretrained.art).manifest.tokenizer.languages
     lines, args = hf_models.TEST_SENTENCES, ["--max-new-tokens", NEW_TOKENS]
     if not pretrained.text_in_cpp:
         from twostep.model.checkpoint import read_tokenizer
@@ -383,7 +386,7 @@ def test_cpp_takes_standard_language_codes_as_python_does(cpp_build, pretrained)
         tokenizer = Tokenizer.load(pretrained.ckpt, read_tokenizer(pretrained.ckpt))
         lines = [" ".join(map(str, tokenizer.encode_source(s, **pretrained.langs))) for s in lines]
         args.append("--ids")
-    elif "src_lang" in pretrained.langs:
+    elif "src_lang" in pretrained.langs or (languages.source and not any(languages.source.values())):
         args += ["--src-lang", "en-US"]
     want = translate(cpp_build, pretrained.art, lines, *args, "--tgt-lang", pretrained.langs["tgt_lang"])
     assert want.returncode == 0, want.stderr
@@ -393,7 +396,6 @@ def test_cpp_takes_standard_language_codes_as_python_does(cpp_build, pretrained)
         got = translate(cpp_build, pretrained.art, lines, *args, "--tgt-lang", code)
         assert got.returncode == 0, f"{code}: {got.stderr}"
         assert got.stdout == want.stdout, code
-    languages = load_artifact(pretrained.art).manifest.tokenizer.languages
     with pytest.raises(BadInput) as python:
         languages.pick("target", "xx")
     bad = translate(cpp_build, pretrained.art, lines[:1], *args, "--tgt-lang", "xx")

@@ -56,7 +56,7 @@ struct Languages {
   std::map<std::string, std::vector<std::string>> aliases;
 
   // The code to use: `code`, or the default when `code` is empty; empty when none is given and the model does not
-  // need one (source: it has no source languages; target: none has decoder ids). A code the model does not have
+  // need one (source: none has ids, as MADLAD's; target: none has decoder ids). A code the model does not have
   // is looked up, lowercase with '-' for '_', in the aliases, then without its region (fr-CA -> fr): "fr",
   // "fra", "fre", "fr-FR" give NLLB's fra_Latn, as Python's Languages.pick does. Errors name the codes there
   // are and the example program's flag, or the candidates of an ambiguous code.
