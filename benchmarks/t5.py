@@ -531,7 +531,8 @@ def measure(workers: dict[str, Worker], sentences: list[list[int]], workloads: l
                 "same_as": {o: identical(tokens[e], tokens[o]) for o in names if o != e},
                 "load_s": workers[e].load_s}
             if not rows[e, w.key]["all_lengths_equal_new_tokens"]:
-                log(f"warning: {e} did not give {new_tokens} tokens for every sentence ({min(lengths)}..{max(lengths)})")
+                log(f"warning: {e} did not give {new_tokens} tokens for every sentence "
+                    f"({min(lengths)}..{max(lengths)})")
     return rows
 
 
@@ -738,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
                 workers[e] = Worker(e, python, spec(e), work / "logs" / f"{e}.log", module="benchmarks.t5")
             except (RuntimeError, OSError) as exc:
                 errors[e] = str(exc)
-        rows = measure(workers, sentences, workloads, iters, new_tokens, size, reference, log)
+        rows = measure(workers, sentences, workloads, iters, new_tokens, size, reference, log) if workers else {}
     finally:
         for worker in workers.values():
             worker.close()
