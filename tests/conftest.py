@@ -136,7 +136,7 @@ class Pretrained:
     langs: dict
     greedy: tuple[list[list[int]], list[str]]
     beam: tuple[list[list[int]], list[str]]
-    other_target: str | None  # a second target language, forced per row (None: the family forces none)
+    other_target: str | None  # a second target language, per row (None: the family has one target)
     beam_scores: list[float]  # transformers' sequences_scores of the beam-4 answers
 
     @property
@@ -153,6 +153,8 @@ PRETRAINED = {  # name: (builder, languages, a second target language forced per
     "nllb-json": (lambda out: hf_models.nllb_dir(out, with_spm=False), {"src_lang": "eng_Latn", "tgt_lang": "fra_Latn"},
                   "deu_Latn"),
     "mbart50": (hf_models.mbart50_dir, {"src_lang": "en_XX", "tgt_lang": "fr_XX"}, "de_DE"),
+    "t5": (hf_models.t5_dir, {}, None),
+    "madlad": (lambda out: hf_models.t5_dir(out, madlad=True), {"tgt_lang": "de"}, "fr"),
 }
 JSON_ONLY = {"nllb-json"}  # tokenizer.json without the SentencePiece model (as transformers 5 saves it)
 NEW_TOKENS = 20

@@ -27,11 +27,13 @@ STEPS = 120
 EOS_BIAS = 3.0
 
 
-def train(model, tokenizer, steps: int = STEPS, **target_kwargs) -> None:
-    """A few hundred Adam steps at most: source text -> target text, as transformers computes the loss."""
+def train(model, tokenizer, steps: int = STEPS, prefix: str = "", **target_kwargs) -> None:
+    """A few hundred Adam steps at most: source text (after `prefix`) -> target text, as transformers computes the
+    loss."""
     import torch
 
-    batch = tokenizer(SOURCE_TEXT, text_target=TARGET_TEXT, padding=True, return_tensors="pt", **target_kwargs)
+    batch = tokenizer([prefix + s for s in SOURCE_TEXT], text_target=TARGET_TEXT, padding=True, return_tensors="pt",
+                      **target_kwargs)
     batch["labels"][batch["labels"] == tokenizer.pad_token_id] = -100
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
@@ -243,15 +245,18 @@ def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
     kwargs = {}
     marian = type(tokenizer).__name__.startswith("Marian")
+    madlad = type(tokenizer).__name__.startswith("T5")  # a T5 with languages is MADLAD-shaped: <2xx> before the text
     if src_lang:
         tokenizer.src_lang = src_lang
-    if tgt_lang and not marian:
+    if tgt_lang and not (marian or madlad):
         kwargs["forced_bos_token_id"] = (tokenizer.get_lang_id(tgt_lang) if hasattr(tokenizer, "get_lang_id")
                                          else tokenizer.convert_tokens_to_ids(tgt_lang))
     tokens, texts_out, scores = [], [], []
     for text in texts:
         if tgt_lang and marian:
             text = f">>{tgt_lang}<< {text}"
+        if tgt_lang and madlad:
+            text = f"<2{tgt_lang}> {text}"
         batch = tokenizer([text], return_tensors="pt")
         with torch.no_grad():
             result = model.generate(**batch, max_new_tokens=max_new_tokens, num_beams=beams, do_sample=False,
@@ -284,3 +289,42 @@ def zero_start_embedding(model_dir: Path) -> Path:
         model.get_decoder().embed_tokens.weight[model.config.decoder_start_token_id].zero_()
     model.save_pretrained(model_dir)
     return model_dir
+
+
+T5_SIZES = dict(d_model=32, d_kv=16, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+                relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
+                decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+MADLAD_CODES = ["en", "fr", "de", "zh_Latn"]
+
+
+def t5_dir(out: Path, madlad: bool = False, seed: int = 0, train_steps: int = STEPS) -> Path:
+    """A T5 v1.1-shaped model (gated-gelu, an output layer of its own; T5ForConditionalGeneration) with its
+    SentencePiece model in the hub's layout (spiece.model beside the tokenizer.json transformers 5 saves), or,
+    `madlad`, MADLAD-400's shape: `<2xx>` target-language pieces in the vocabulary, put before the source text. Heads
+    of 16 (4 x 16 = 64 against d_model 32, as MADLAD's 16 x 128 against 1024), 8 relative buckets up to a distance of
+    20, so that sentences of NEW_TOKENS reach the logarithmic and the last buckets; T5's padding rows in the
+    embedding; a few extra ids (sentinels) in T5's."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
+
+    work = out / "src"
+    work.mkdir(parents=True, exist_ok=True)
+    symbols = [f"<2{c}>" for c in MADLAD_CODES] if madlad else []
+    spm_file = train_spm(work / "spiece.model", SOURCE_TEXT + TARGET_TEXT, 80, model_type="unigram", pad_id=0,
+                         eos_id=1, unk_id=2, bos_id=-1, user_defined_symbols=symbols)
+    tokenizer = T5Tokenizer.from_pretrained(work, extra_ids=0 if madlad else 5)
+    config = T5Config(vocab_size=len(tokenizer) + PADDING_ROWS, feed_forward_proj="gated-gelu",
+                      tie_word_embeddings=False, **T5_SIZES)
+    model = T5ForConditionalGeneration(config).eval()
+    randomize(model, seed, std=0.1)
+    # transformers 5 ties T5's output layer to the embedding whatever the config says, unless the weights hold one
+    # of their own (mT5's and MADLAD's checkpoints do): give it its own
+    model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach() * 2)
+    train(model, tokenizer, train_steps, prefix="<2fr> " if madlad else "")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    shutil.copy(spm_file, out / "spiece.model")
+    config = json.loads((out / "config.json").read_text())  # as the hub's mT5 and MADLAD configs say it
+    config.pop("scale_decoder_outputs", None)
+    (out / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}, indent=2))
+    return out

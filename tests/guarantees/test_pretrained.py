@@ -78,11 +78,12 @@ def test_the_cli_translates_text_with_languages_as_transformers_does(pretrained)
 
 
 def test_sentences_to_different_languages_share_a_batch(pretrained):
-    """M2M100's, NLLB's and mBART-50's target language is a token forced after the decoder's start, one per row: a
-    batch of sentences to French and German decodes each as transformers does alone."""
+    """M2M100's, NLLB's and mBART-50's target language is a token forced after the decoder's start, one per row;
+    MADLAD's a token before each source: a batch of sentences to two languages decodes each as transformers does
+    alone."""
     if pretrained.other_target is None:
-        pytest.skip("a target-language token forced after the decoder's start is M2M100's, NLLB's and mBART-50's")
-    src, french, german = pretrained.langs["src_lang"], pretrained.langs["tgt_lang"], pretrained.other_target
+        pytest.skip("one target language per model: a second one is M2M100's, NLLB's, mBART-50's and MADLAD's")
+    src, french, german = pretrained.langs.get("src_lang"), pretrained.langs["tgt_lang"], pretrained.other_target
     german = hf_models.reference(pretrained.hf, SENTENCES, NEW_TOKENS, src_lang=src, tgt_lang=german)
     translator, backend = open_translator(pretrained.art, options=DecodeOptions(max_new_tokens=NEW_TOKENS))
     with backend:
@@ -90,7 +91,7 @@ def test_sentences_to_different_languages_share_a_batch(pretrained):
         german_ids = translator.encode(SENTENCES, src, pretrained.other_target)
         sources = [ids for pair in zip(french_ids, german_ids) for ids in pair]
         prefixes = [translator.prefix(lang) for _ in SENTENCES for lang in (french, pretrained.other_target)]
-        assert prefixes[0] != prefixes[1]
+        assert prefixes[0] != prefixes[1] or sources[0] != sources[1]  # forced on the decoder, or in the source
         hyps = translator.decode_ids(sources, prefixes=prefixes)
     tokens = [h[0].tokens for h in hyps]
     assert tokens[0::2] == pretrained.greedy[0]
@@ -127,7 +128,8 @@ STANDARD_CODES = {"marian": {"tgt_lang": "fr"}, "marian-separate": {},
                   "m2m100": {"src_lang": "eng", "tgt_lang": "fra"},
                   "nllb": {"src_lang": "en-US", "tgt_lang": "fr-FR"},
                   "nllb-json": {"src_lang": "en", "tgt_lang": "fre"},
-                  "mbart50": {"src_lang": "en-GB", "tgt_lang": "fr"}}
+                  "mbart50": {"src_lang": "en-GB", "tgt_lang": "fr"}, "t5": {},
+                  "madlad": {"tgt_lang": "deu"}}
 
 
 def test_standard_language_codes_mean_the_models_own(pretrained):

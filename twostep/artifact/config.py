@@ -14,12 +14,13 @@ from twostep.errors import BadCheckpoint
 NORM_PLACEMENTS = ("pre", "post")
 FIELD_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "int | None": (int, type(None)),
                "tuple[int, ...]": (tuple,)}
-NORM_TYPES = ("torch", "annotated")
+NORM_TYPES = ("torch", "annotated", "rms")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 # The sinusoid a position table holds (twostep.model.transformer.position_table): the paper's interleaved sin/cos;
 # Marian's sin half then cos half; fairseq's (M2M100, NLLB) halves with a (D/2 - 1) denominator; "learned": no
-# sinusoid, but a table per stack that the model's weights hold (mBART), loaded, never computed.
-POSITIONS = ("paper", "marian", "fairseq", "learned")
+# sinusoid, but a table per stack that the model's weights hold (mBART), loaded, never computed; "none": no absolute
+# positions (T5, whose attention has the relative bias instead: relative_buckets).
+POSITIONS = ("paper", "marian", "fairseq", "learned", "none")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,13 @@ class ModelConfig:
     """Everything the seed families differ in.
 
     `norm_type="torch"` is `nn.LayerNorm`; `"annotated"` is the original Annotated Transformer's
-    `a_2 * (x - mean) / (std + eps) + b_2` with the unbiased std.
+    `a_2 * (x - mean) / (std + eps) + b_2` with the unbiased std; `"rms"` is T5's `weight * x / sqrt(mean(x^2) +
+    eps)` (no mean subtracted, no bias).
+
+    `relative_buckets` > 0 adds T5's relative attention bias to every self-attention's scores: the key's position
+    minus the query's, put in one of that many buckets (exact below a quarter of them, logarithmic up to
+    `relative_max_distance`, both signs in the encoder, the past only in the decoder), one learned value per bucket
+    and head, one table per stack shared by its layers.
     """
 
     src_vocab_size: int
@@ -47,6 +54,11 @@ class ModelConfig:
     d_k: int | None = None  # per-head query/key size; None means d_model // n_heads
     d_v: int | None = None  # per-head value size; None means d_model // n_heads
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model)
+    scale_attention: bool = True  # divide the query-key products by sqrt(d_k) (T5: no)
+    ffn_bias: bool = True  # the feed-forward's projections have biases (T5: no)
+    gated_ffn: bool = False  # the feed-forward is w_2(act(w_1 x) * w_3 x) (T5 v1.1, mT5: gated-gelu)
+    relative_buckets: int = 0  # > 0: T5's relative attention bias, with this many buckets
+    relative_max_distance: int = 128  # the distance from which the relative bias no longer changes
     embed_norm: bool = False  # a LayerNorm right after embedding + positions (jadore)
     encoder_final_norm: bool = True
     decoder_final_norm: bool = True
@@ -104,6 +116,10 @@ class ModelConfig:
             out.append(f"alignment_heads must be between 0 and n_heads {self.n_heads}, got {self.alignment_heads}")
         if not -self.n_decoder_layers <= self.alignment_layer < self.n_decoder_layers:
             out.append(f"alignment_layer {self.alignment_layer} is not a decoder layer")
+        buckets, distance = self.relative_buckets, self.relative_max_distance
+        if buckets and (buckets < 4 or distance <= buckets // 2):
+            out.append("relative_buckets must be 0 or at least 4, and relative_max_distance more than half of them; "
+                       f"got {buckets} and {distance}")
         if self.eos_id in self.never_generate:
             out.append("never_generate holds the eos id: decoding could never end")
         return out

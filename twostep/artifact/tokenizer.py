@@ -260,12 +260,13 @@ class Languages:
         """The code a request means on `side` ("source"/"target"): its own, or the model code a standard one
         means (standard_matches), else the default; a BadInput that lists the valid codes when it is unknown,
         names the candidates when ambiguous, or says it is missing where the model needs one. A model needs one where
-        its languages have source tokens, or decoder tokens to force; Marian's target-language tokens go into the
-        source, where its users may also type them (">>fra<< text"), so they may be left out."""
+        its languages have source tokens, or decoder tokens to force; Marian's and MADLAD's target-language tokens
+        go into the source, where their users may also type them (">>fra<< text", "<2fr> text"), so they may be
+        left out, and MADLAD's source languages have no tokens."""
         known = self.source if side == "source" else self.target
         code = code or (self.default_source if side == "source" else self.default_target)
         if code is None:
-            needed = bool(known) if side == "source" else any(t.decoder for t in self.target.values())
+            needed = any(self.source.values()) if side == "source" else any(t.decoder for t in self.target.values())
             if needed:
                 raise MissingLanguage(side, known)
             return None

@@ -31,9 +31,9 @@ when asked (kv_cache "standard").
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
+import onnx
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -47,22 +47,29 @@ from twostep.model.transformer import KV, Transformer
 
 @torch.library.custom_op("twostep::group_query_attention", mutates_args=())
 def group_query_attention(qkv: Tensor, past_key: Tensor, past_value: Tensor, seqlens_k: Tensor,
-                          total_sequence_length: Tensor, num_heads: int, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Stands for ONNX Runtime's kernel, with query, key and value packed in one tensor (B, T, 3 * H * Dh),
-    while tracing; it has no eager implementation of its own (the exported graph is checked against the
-    model's eager decode_step instead)."""
+                          total_sequence_length: Tensor, bias: Tensor | None, num_heads: int,
+                          scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Stands for ONNX Runtime's kernel, with query, key and value packed in one tensor (B, T, 3 * H * Dh) and
+    the relative bias over the cache's columns (B, H, T, capacity) or None, while tracing; it has no eager
+    implementation of its own (the exported graph is checked against the model's eager decode_step instead)."""
     raise NotImplementedError("twostep::group_query_attention only exists to be exported to ONNX")
 
 
 @group_query_attention.register_fake
-def _(qkv, past_key, past_value, seqlens_k, total_sequence_length, num_heads, scale):
+def _(qkv, past_key, past_value, seqlens_k, total_sequence_length, bias, num_heads, scale):
     b, t, _ = qkv.shape
     return qkv.new_empty(b, t, num_heads * past_key.shape[3]), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
-def onnx_group_query_attention(qkv, past_key, past_value, seqlens_k, total_sequence_length, num_heads: int,
+def onnx_group_query_attention(qkv, past_key, past_value, seqlens_k, total_sequence_length, bias, num_heads: int,
                                scale: float):
-    return _ort_op()(qkv, None, None, past_key, past_value, seqlens_k, total_sequence_length,
+    rest = ()
+    if bias is not None:  # the kernel takes the bias of total_sequence_length columns, a size the trace cannot know
+        from onnxscript import opset18 as op
+
+        ends = op.Reshape(op.Cast(total_sequence_length, to=onnx.TensorProto.INT64), op.Constant(value_ints=[1]))
+        rest = (None, None, None, op.Slice(bias, op.Constant(value_ints=[0]), ends, op.Constant(value_ints=[3])))
+    return _ort_op()(qkv, None, None, past_key, past_value, seqlens_k, total_sequence_length, *rest,
                      num_heads=num_heads, kv_num_heads=num_heads, scale=scale)
 
 
@@ -70,7 +77,9 @@ def onnx_group_query_attention(qkv, past_key, past_value, seqlens_k, total_seque
 def cache_attention(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor, past_value: Tensor, write_indices: Tensor,
                     mask: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """Stands for TensorScatter + Attention (opset 24) while tracing: q, k, v (B, H, T, Dh) of the new tokens,
-    the buffers (B, H, capacity, Dh), each row's write position and the mask (B, 1, T, capacity)."""
+    the buffers (B, H, capacity, Dh), each row's write position and the mask (B, 1, T, capacity): boolean, or
+    (a model with the relative bias) the bias with the masked positions at the dtype's minimum (B, H, T, capacity),
+    which Attention adds to the scores."""
     raise NotImplementedError("twostep::cache_attention only exists to be exported to ONNX")
 
 
@@ -94,7 +103,7 @@ def onnx_cache_attention(q, k, v, past_key, past_value, write_indices, mask, sca
 
 def _ort_op():
     """The contrib op for onnxscript, which knows no com.microsoft schemas: declared here, inputs and
-    attributes as ONNX Runtime's contrib_defs give them (the optional rotary/bias inputs left out)."""
+    attributes as ONNX Runtime's contrib_defs give them, up to attention_bias (the inputs after it left out)."""
     import onnxscript
     from onnx.defs import OpSchema
 
@@ -102,9 +111,14 @@ def _ort_op():
     schema = OpSchema(
         "GroupQueryAttention", "com.microsoft", 1,
         inputs=[param("query", "T"), param("key", "T"), param("value", "T"), param("past_key", "T"),
-                param("past_value", "T"), param("seqlens_k", "M"), param("total_sequence_length", "M")],
+                param("past_value", "T"), param("seqlens_k", "M"), param("total_sequence_length", "M"),
+                *(param(name, "T", param_option=OpSchema.FormalParameterOption.Optional)
+                  for name in ("cos_cache", "sin_cache")),
+                param("position_ids", "P", param_option=OpSchema.FormalParameterOption.Optional),
+                param("attention_bias", "T", param_option=OpSchema.FormalParameterOption.Optional)],
         outputs=[param("output", "T"), param("present_key", "T"), param("present_value", "T")],
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], "")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], ""),
+                          ("P", ["tensor(int64)"], "")],
         attributes=[attr("num_heads", OpSchema.AttrType.INT, ""), attr("kv_num_heads", OpSchema.AttrType.INT, ""),
                     attr("scale", OpSchema.AttrType.FLOAT, "")],
     )
@@ -133,17 +147,25 @@ class InplaceDecoderGraph(nn.Module):
         seqlens_k = (past_lengths + (new_len - 1)).to(torch.int32)  # each row's total length - 1
         total = (past_lengths.max() + new_len).to(torch.int32)
         layers = iter(range(len(self.model.decoder.layers)))  # decode_step attends layer by layer, in order
+        device, relative = input_ids.device, self.model.decoder.relative_bias
+        query_pos = past_lengths[:, None] + torch.arange(new_len, device=device)  # (B, T): the cache's columns
+        bias = None
         if self.standard:  # query t of row r sees positions up to past_lengths[r] + t: (B, 1, T, capacity)
-            query_pos = past_lengths[:, None] + torch.arange(new_len, device=input_ids.device)
-            mask = (torch.arange(past_self[0].shape[2], device=input_ids.device) <= query_pos[:, :, None])[:, None]
+            key_pos = torch.arange(past_self[0].shape[2], device=device)
+            mask = (key_pos <= query_pos[:, :, None])[:, None]
+            if relative is not None:  # the bias, and the dtype's minimum where masked: (B, H, T, capacity)
+                bias = relative(query_pos, key_pos[None])
+                mask = bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
+        elif relative is not None:  # (B, H, T, capacity), cut to the step's total length in the graph
+            bias = relative(query_pos, torch.arange(past_self[0].shape[2], device=device)[None])
 
         def attend(attn: nn.Module, h: Tensor, past: KV) -> tuple[Tensor, KV]:
             i = next(layers)
             qkv = F.linear(h, getattr(self, f"qkv_weight_{i}"), getattr(self, f"qkv_bias_{i}", None))
-            scale = 1.0 / math.sqrt(attn.d_k)
+            scale = attn.scale
             if not self.standard:
                 out, key, value = torch.ops.twostep.group_query_attention(
-                    qkv, past[0], past[1], seqlens_k, total, attn.n_heads, scale)
+                    qkv, past[0], past[1], seqlens_k, total, bias, attn.n_heads, scale)
                 return attn.out_proj(out), (key, value)
             b, t, _ = qkv.shape
             sizes = [attn.n_heads * attn.d_k, attn.n_heads * attn.d_k, attn.n_heads * attn.d_v]

@@ -68,10 +68,60 @@ def learned_table(n_positions: int, d_model: int) -> Tensor:
 POSITION_TABLES = {"paper": sinusoid_table, "marian": marian_table, "fairseq": fairseq_table, "learned": learned_table}
 
 
+def no_table(n_positions: int, d_model: int) -> Tensor:
+    """No absolute positions (T5): nothing added to the token embeddings. (0, D)"""
+    return torch.zeros(0, d_model)
+
+
+POSITION_TABLES["none"] = no_table
+
+
 def position_table(config: ModelConfig) -> Tensor:
     """The config's sinusoid, rows offset .. offset + max_positions - 1: position p reads row p. (P, D)"""
     table = POSITION_TABLES[config.positions](config.max_positions + config.position_offset, config.d_model)
     return table[config.position_offset :].contiguous()
+
+
+def relative_buckets(relative: Tensor, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:
+    """T5's bucket of each relative position (key minus query), computed as transformers' T5Attention computes it
+    (Mesh TensorFlow's rule): with `bidirectional`, half the buckets for keys after the query; exact buckets for
+    distances below half of the rest, logarithmic ones up to max_distance, the last bucket from there on; without,
+    keys after the query fall in bucket 0 (the decoder masks them)."""
+    out = torch.zeros_like(relative)
+    if bidirectional:
+        buckets //= 2
+        out += (relative > 0).to(torch.long) * buckets
+        relative = torch.abs(relative)
+    else:
+        relative = -torch.min(relative, torch.zeros_like(relative))
+    max_exact = buckets // 2
+    large = max_exact + (torch.log(relative.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, buckets - 1))
+    return out + torch.where(relative < max_exact, relative, large)
+
+
+class RelativeBias(nn.Module):
+    """A stack's relative attention bias (config.relative_buckets): a value per bucket and head. The buckets of
+    the relative positions -max_distance .. max_distance are computed once, here, in torch (a position further
+    away falls in the bucket of max_distance), so that every graph reads them from a table instead of computing a
+    logarithm whose last bit could move a bucket's edge."""
+
+    def __init__(self, config: ModelConfig, bidirectional: bool):
+        super().__init__()
+        self.max_distance = config.relative_max_distance
+        self.weight = nn.Parameter(torch.zeros(config.relative_buckets, config.n_heads))  # (buckets, H)
+        relative = torch.arange(-self.max_distance, self.max_distance + 1)
+        self.register_buffer("buckets", relative_buckets(relative, bidirectional, config.relative_buckets,
+                                                         self.max_distance), persistent=False)
+
+    def forward(self, query_positions: Tensor, key_positions: Tensor) -> Tensor:
+        """query_positions (B or 1, T), key_positions (B or 1, K) -> the bias (B or 1, H, T, K)."""
+        relative = key_positions[:, None, :] - query_positions[:, :, None]  # (B, T, K)
+        distance = self.max_distance
+        index = torch.minimum(torch.maximum(relative, torch.full_like(relative, -distance)),
+                              torch.full_like(relative, distance)) + distance
+        return F.embedding(self.buckets[index], self.weight).permute(0, 3, 1, 2)
 
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -97,9 +147,23 @@ class AnnotatedLayerNorm(nn.Module):
         return self.weight * (x - mean) / (std + self.eps) + self.bias
 
 
+class RMSNorm(nn.Module):
+    """T5's norm (transformers' T5LayerNorm): `weight * x / sqrt(mean(x^2) + eps)`, no mean, no bias."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
 def make_norm(config: ModelConfig) -> nn.Module:
     if config.norm_type == "annotated":
         return AnnotatedLayerNorm(config.d_model, config.norm_eps)
+    if config.norm_type == "rms":
+        return RMSNorm(config.d_model, config.norm_eps)
     return nn.LayerNorm(config.d_model, eps=config.norm_eps)
 
 
@@ -114,6 +178,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d, h * self.d_k, bias=config.attn_bias)
         self.v_proj = nn.Linear(d, h * self.d_v, bias=config.attn_bias)
         self.out_proj = nn.Linear(h * self.d_v, d, bias=config.attn_bias)
+        self.scale = 1.0 / math.sqrt(self.d_k) if config.scale_attention else 1.0
         self.dropout = nn.Dropout(config.dropout)
 
     def split_heads(self, x: Tensor, head_dim: int) -> Tensor:
@@ -123,15 +188,21 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, x: Tensor) -> KV:
         return self.split_heads(self.k_proj(x), self.d_k), self.split_heads(self.v_proj(x), self.d_v)
 
-    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """x (B, Tq, D); k (B, H, Tk, Dk); v (B, H, Tk, Dv); mask broadcastable to (B, H, Tq, Tk), True = attend."""
-        return self.attend(x, k, v, mask)[0]
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor, bias: Tensor | None = None) -> Tensor:
+        """x (B, Tq, D); k (B, H, Tk, Dk); v (B, H, Tk, Dv); mask broadcastable to (B, H, Tq, Tk), True = attend;
+        bias (the relative bias) broadcastable to (B, H, Tq, Tk), added to the scores."""
+        return self.attend(x, k, v, mask, bias)[0]
 
-    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor,
+               bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """forward's output and the attention weights (B, H, Tq, Tk)."""
         b, t, _ = x.shape
         q = self.split_heads(self.q_proj(x), self.d_k)  # (B, H, Tq, Dk)
-        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.d_k)  # (B, H, Tq, Tk)
+        scores = torch.matmul(q, k.transpose(-2, -1))  # (B, H, Tq, Tk)
+        if self.scale != 1.0:
+            scores = scores * self.scale
+        if bias is not None:
+            scores = scores + bias
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         weights = F.softmax(scores, dim=-1)
         out = torch.matmul(self.dropout(weights), v)  # (B, H, Tq, Dv)
@@ -140,15 +211,21 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """w_2(act(w_1 x)), or gated (config.gated_ffn: T5 v1.1's) w_2(act(w_1 x) * w_3 x)."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.w_1 = nn.Linear(config.d_model, config.d_ff)
-        self.w_2 = nn.Linear(config.d_ff, config.d_model)
+        self.w_1 = nn.Linear(config.d_model, config.d_ff, bias=config.ffn_bias)
+        self.w_3 = nn.Linear(config.d_model, config.d_ff, bias=config.ffn_bias) if config.gated_ffn else None
+        self.w_2 = nn.Linear(config.d_ff, config.d_model, bias=config.ffn_bias)
         self.dropout = nn.Dropout(config.dropout)
         self.activation = ACTIVATIONS[config.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(self.dropout(self.activation(self.w_1(x))))
+        h = self.activation(self.w_1(x))
+        if self.w_3 is not None:
+            h = h * self.w_3(x)
+        return self.w_2(self.dropout(h))
 
 
 class Sublayers(nn.Module):
@@ -173,10 +250,10 @@ class EncoderLayer(Sublayers):
         self.self_attn, self.self_attn_norm = MultiHeadAttention(config), make_norm(config)
         self.ffn, self.ffn_norm = FeedForward(config), make_norm(config)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor, bias: Tensor | None = None) -> Tensor:
         h = self.sublayer_input(x, self.self_attn_norm)
         k, v = self.self_attn.project_kv(h)
-        x = self.add(x, self.self_attn(h, k, v, mask), self.self_attn_norm)
+        x = self.add(x, self.self_attn(h, k, v, mask, bias), self.self_attn_norm)
         h = self.sublayer_input(x, self.ffn_norm)
         return self.add(x, self.ffn(h), self.ffn_norm)
 
@@ -189,15 +266,17 @@ class DecoderLayer(Sublayers):
         self.ffn, self.ffn_norm = FeedForward(config), make_norm(config)
 
     def forward(self, x: Tensor, self_mask: Tensor, past: KV, cross: KV, cross_mask: Tensor,
-                attend: SelfAttention | None = None, aligned_heads: int = 0) -> tuple[Tensor, KV, Tensor | None]:
-        """`attend` replaces the cached self-attention (an export variant: twostep.exporter.inplace).
-        `aligned_heads` > 0: also the cross-attention weights averaged over the first that many heads (B, T, S)."""
+                attend: SelfAttention | None = None, aligned_heads: int = 0,
+                bias: Tensor | None = None) -> tuple[Tensor, KV, Tensor | None]:
+        """`attend` replaces the cached self-attention (an export variant: twostep.exporter.inplace, which then adds
+        the relative bias itself). `aligned_heads` > 0: also the cross-attention weights averaged over the first that
+        many heads (B, T, S). `bias`: the self-attention's relative bias."""
         h = self.sublayer_input(x, self.self_attn_norm)
         if attend is None:
             k_new, v_new = self.self_attn.project_kv(h)
             k = torch.cat([past[0], k_new], dim=2)  # (B, H, past + new, Dk)
             v = torch.cat([past[1], v_new], dim=2)
-            attended, (k, v) = self.self_attn(h, k, v, self_mask), (k, v)
+            attended, (k, v) = self.self_attn(h, k, v, self_mask, bias), (k, v)
         else:
             attended, (k, v) = attend(self.self_attn, h, past)
         x = self.add(x, attended, self.self_attn_norm)
@@ -210,10 +289,13 @@ class DecoderLayer(Sublayers):
 
 
 class Stack(nn.Module):
-    """N layers, with the optional norm after the embedding (jadore, mBART) and the optional final norm."""
+    """N layers, with the optional norm after the embedding (jadore, mBART), the optional final norm and the
+    optional relative bias of its self-attention (T5's: bidirectional in the encoder)."""
 
     def __init__(self, config: ModelConfig, layer: type[nn.Module], n_layers: int, final_norm: bool):
         super().__init__()
+        self.relative_bias = (RelativeBias(config, bidirectional=layer is EncoderLayer)
+                              if config.relative_buckets else None)
         self.embed_norm = make_norm(config) if config.embed_norm else None
         self.layers = nn.ModuleList(layer(config) for _ in range(n_layers))
         self.final_norm = make_norm(config) if final_norm else None
@@ -253,11 +335,10 @@ class Transformer(nn.Module):
             index = start[:, None] + torch.arange(t, device=ids.device)  # (B, T)
         else:
             index = torch.arange(start, start + t, device=ids.device)  # (T,)
-        positions = pos_table[index]  # (B, T, D) or (T, D)
-        tokens = table(ids) * self.embed_scale  # (B, T, D)
+        tokens = table(ids) * self.embed_scale if self.embed_scale != 1.0 else table(ids)  # (B, T, D)
         if zero_first:
             tokens = tokens * (index != 0).to(tokens.dtype)[..., None]
-        x = tokens + positions  # (B, T, D)
+        x = tokens + pos_table[index] if self.config.positions != "none" else tokens  # (B, T, D)
         x = self.embed_dropout(x)
         return stack.embed_norm(x) if stack.embed_norm is not None else x
 
@@ -265,8 +346,12 @@ class Transformer(nn.Module):
         """input_ids, attention_mask (B, S) int64 (1 keep, 0 pad) -> per decoder layer (k, v) of the source."""
         mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
         x = self.embed(self.src_embed, self.pos_table, self.encoder, input_ids, 0)
+        bias = None
+        if self.encoder.relative_bias is not None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # (1, S)
+            bias = self.encoder.relative_bias(positions, positions)  # (1, H, S, S)
         for layer in self.encoder.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, bias)
         if self.encoder.final_norm is not None:
             x = self.encoder.final_norm(x)
         return [layer.cross_attn.project_kv(x) for layer in self.decoder.layers]
@@ -285,13 +370,16 @@ class Transformer(nn.Module):
         past_len, device = past[0][0].shape[2], input_ids.device
         if past_lengths is None:
             past_lengths = torch.full((batch,), past_len, dtype=torch.long, device=device)
-        self_mask = None
+        self_mask = bias = None
         if attend is None:  # row r attends to cache columns P - past_lengths[r] .. P - 1, then causally
             key_pos = torch.arange(past_len + new_len, device=device)  # (P + T,)
             query_pos = torch.arange(new_len, device=device) + past_len  # (T,)
             first = past_len - past_lengths  # (B,)
             self_mask = ((key_pos[None, None, :] >= first[:, None, None])
                          & (key_pos[None, None, :] <= query_pos[None, :, None]))[:, None]  # (B, 1, T, P + T)
+            if self.decoder.relative_bias is not None:  # column c of row r is its position c - first[r]: the key's
+                # position minus the query's is the columns' difference, the same for every row
+                bias = self.decoder.relative_bias(query_pos[None], key_pos[None])  # (1, H, T, P + T)
         cross_mask = encoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
 
         positions = self.decoder_pos_table if self.config.positions == "learned" else self.pos_table
@@ -301,7 +389,7 @@ class Transformer(nn.Module):
         aligned_layer = self.config.alignment_layer % self.config.n_decoder_layers
         for i, (layer, layer_past, layer_cross) in enumerate(zip(self.decoder.layers, past, cross)):
             heads = self.config.alignment_heads if alignment and i == aligned_layer else 0
-            x, kv, weights = layer(x, self_mask, layer_past, layer_cross, cross_mask, attend, heads)
+            x, kv, weights = layer(x, self_mask, layer_past, layer_cross, cross_mask, attend, heads, bias)
             aligned = weights if weights is not None else aligned
             present.append(kv)
         if self.decoder.final_norm is not None:
@@ -316,7 +404,7 @@ class Transformer(nn.Module):
         return logits, present
 
     def empty_cache(self, batch_size: int, dtype: torch.dtype = torch.float32) -> list[KV]:
-        c, device = self.config, self.pos_table.device
+        c, device = self.config, self.src_embed.weight.device
         k = torch.zeros(batch_size, c.n_heads, 0, c.head_dim_k, dtype=dtype, device=device)
         v = torch.zeros(batch_size, c.n_heads, 0, c.head_dim_v, dtype=dtype, device=device)
         return [(k, v) for _ in range(c.n_decoder_layers)]

@@ -6,6 +6,7 @@ a module of this package registered by config.json's model_type (common.py's `fa
 - m2m100.py: M2M100 (and the NLLB directories its model_type also names, handed to nllb.py)
 - nllb.py: NLLB-200
 - mbart.py: mBART-50
+- t5.py: T5, mT5 and MADLAD-400 (model_type t5, mt5)
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from pathlib import Path
 
 from twostep.errors import BadCheckpoint
 from twostep.model.checkpoint import Checkpoint
-from twostep.model.hf import m2m100, marian, mbart, nllb  # noqa: F401  (each registers its family)
+from twostep.model.hf import m2m100, marian, mbart, nllb, t5  # noqa: F401  (each registers its family)
 from twostep.model.hf.common import FAMILIES, HFModel, Imported, save_imported
 
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
              "pytorch_model.bin", "*.spm", "vocab.json", "target_vocab.json", "sentencepiece.bpe.model",
-             "tokenizer_config.json", "tokenizer.json"]
+             "tokenizer_config.json", "tokenizer.json", "spiece.model"]
 
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from twostep.artifact.config import ModelConfig
-from twostep.artifact.tokenizer import Languages, TargetLanguage, TokenizerSpec
+from twostep.artifact.tokenizer import Languages, TargetLanguage, TokenizerSpec, is_language_code
 from twostep.errors import BadCheckpoint
 from twostep.files import read_json
 from twostep.model.checkpoint import Checkpoint, save_checkpoint
@@ -300,6 +300,13 @@ def notes(hf: HFModel) -> list[str]:
     return out
 
 
+def named_pair(hf: HFModel, languages: Languages) -> Languages:
+    """The languages with the pair tokenizer_config.json names: its source_lang, and its target_lang where the
+    targets are not the model's tokens."""
+    tok = tokenizer_config(hf)
+    source, target = tok.get("source_lang"), tok.get("target_lang") if not languages.target else None
+    return languages.named(source if is_language_code(source) else None,
+                           target if is_language_code(target) else None)
 
 
 def tokenizer_config(hf: HFModel) -> dict[str, Any]:

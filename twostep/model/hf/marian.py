@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from twostep.artifact.config import ModelConfig
-from twostep.artifact.tokenizer import Languages, TargetLanguage, TokenizerSpec, is_language_code
+from twostep.artifact.tokenizer import Languages, TargetLanguage, TokenizerSpec
 from twostep.errors import BadCheckpoint
 from twostep.model.hf.common import (
     SOURCE_SPM,
@@ -26,10 +26,10 @@ from twostep.model.hf.common import (
     family,
     generator_tied,
     layers,
+    named_pair,
     notes,
     read_vocab,
     refuse_unsupported,
-    tokenizer_config,
 )
 from twostep.model.importers import Mapper
 from twostep.model.transformer import position_table
@@ -91,12 +91,3 @@ def import_marian(hf: HFModel) -> Imported:
         drop_ids=tuple(sorted({eos, cfg.unk_id, cfg.pad_id})), unk_id=vocab["<unk>"],
         special_pieces=tuple(specials), languages=languages)
     return Imported(model, spec, files, notes(hf))
-
-
-def named_pair(hf: HFModel, languages: Languages) -> Languages:
-    """The languages with the pair tokenizer_config.json names: its source_lang, and its target_lang where the
-    targets are not the model's tokens."""
-    tok = tokenizer_config(hf)
-    source, target = tok.get("source_lang"), tok.get("target_lang") if not languages.target else None
-    return languages.named(source if is_language_code(source) else None,
-                           target if is_language_code(target) else None)
