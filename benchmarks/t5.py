@@ -261,20 +261,27 @@ def ct2_convert(hf_dir: str, out_dir: str, quantization: str | None) -> None:
 
 
 def prepare(work: Path, size: Size, engines: list[str], optimum_python: str | None, optimum_error: str | None,
-            log) -> tuple[dict[str, Path], dict[str, str], dict[str, float]]:
-    """Build (or reuse) every engine's files under work: (paths, errors by engine, export seconds by step)."""
+            log, rebuild: tuple[str, ...] = ()) -> tuple[dict[str, Path], dict[str, str], dict[str, dict]]:
+    """Build (or reuse) every engine's files under work: (paths, errors by engine, export times by step: seconds
+    and the load average before and after). `rebuild`: steps whose outputs are removed first, so built and timed
+    again."""
     paths = {"hf": work / "hf", "ckpt": work / "twostep-ckpt", "twostep-fp32": work / "twostep-fp32",
              "twostep-int8": work / "twostep-int8", "ct2-fp32": work / "ct2-fp32", "ct2-int8": work / "ct2-int8",
              "optimum": work / "optimum-onnx"}
     errors: dict[str, str] = {}
     times_file = work / "export_times.json"
-    times: dict[str, float] = json.loads(times_file.read_text()) if times_file.is_file() else {}
+    times: dict[str, dict] = json.loads(times_file.read_text()) if times_file.is_file() else {}
     logs = work / "logs"
+    for step in rebuild:  # built again, and timed again
+        shutil.rmtree(paths["ckpt" if step == "twostep-import" else step], ignore_errors=True)
 
-    def save_time(step: str, seconds: float) -> None:
-        times[step] = seconds
+    def save_time(step: str, run) -> None:
+        before = load_average()
+        seconds = run()
+        times[step] = {"seconds": seconds, "load_before": before, "load_after": load_average(),
+                       "date": time.strftime("%Y-%m-%d %H:%M")}
         times_file.write_text(json.dumps(times, indent=2))
-        log(f"{step}: {seconds:.1f} s")
+        log(f"{step}: {seconds:.1f} s (load average {before} before, {times[step]['load_after']} after)")
 
     if not (paths["hf"] / "config.json").is_file():
         log(f"building the random {size.name} model in {paths['hf']}")
@@ -286,14 +293,14 @@ def prepare(work: Path, size: Size, engines: list[str], optimum_python: str | No
         try:
             if not (paths["ckpt"] / "model.safetensors").is_file():
                 log("twostep import")
-                save_time("twostep-import", timed(twostep_cli("import", paths["hf"], "--out", paths["ckpt"],
-                                                              "--force"), logs / "twostep-import.log"))
+                save_time("twostep-import", lambda: timed(twostep_cli("import", paths["hf"], "--out", paths["ckpt"],
+                                                                      "--force"), logs / "twostep-import.log"))
             for dtype in ("fp32", "int8"):
                 key = f"twostep-{dtype}"
                 if key in engines and not (paths[key] / "manifest.json").is_file():
                     log(f"twostep export --dtype {dtype}")
-                    save_time(key, timed(twostep_cli("export", paths["ckpt"], "--out", paths[key], "--dtype", dtype,
-                                                     "--force"), logs / f"{key}-export.log"))
+                    save_time(key, lambda: timed(twostep_cli("export", paths["ckpt"], "--out", paths[key], "--dtype",
+                                                             dtype, "--force"), logs / f"{key}-export.log"))
         except RuntimeError as exc:
             for e in engines:
                 if e.startswith("twostep") and not (paths[e] / "manifest.json").is_file():
@@ -305,8 +312,8 @@ def prepare(work: Path, size: Size, engines: list[str], optimum_python: str | No
             continue
         log(f"CTranslate2 conversion, quantization {quantization or 'none (float32)'}")
         try:
-            save_time(key, timed([sys.executable, "-m", "benchmarks.t5", "--ct2-convert", paths["hf"], paths[key],
-                                  quantization or "none"], logs / f"{key}-convert.log"))
+            save_time(key, lambda: timed([sys.executable, "-m", "benchmarks.t5", "--ct2-convert", paths["hf"],
+                                          paths[key], quantization or "none"], logs / f"{key}-convert.log"))
         except RuntimeError as exc:
             errors[key] = str(exc)
 
@@ -318,12 +325,15 @@ def prepare(work: Path, size: Size, engines: list[str], optimum_python: str | No
             tmp = paths["optimum"].with_name(paths["optimum"].name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             log(f"Optimum export ({cli} export onnx --task text2text-generation-with-past)")
-            try:
+            def export() -> float:
                 seconds = timed([cli, "export", "onnx", "--model", paths["hf"], "--task",
                                  "text2text-generation-with-past", tmp], logs / "optimum-export.log")
                 shutil.rmtree(paths["optimum"], ignore_errors=True)
                 tmp.rename(paths["optimum"])
-                save_time("optimum", seconds)
+                return seconds
+
+            try:
+                save_time("optimum", export)
             except (RuntimeError, OSError) as exc:
                 errors["optimum"] = str(exc)
     return paths, errors, times
@@ -562,18 +572,19 @@ def floor_rows(rows: dict, size: Size, new_tokens: int, bandwidth: dict) -> list
     return out
 
 
-def export_rows(times: dict[str, float]) -> tuple[list[dict], dict]:
+def export_rows(times: dict[str, dict]) -> tuple[list[dict], dict | None]:
     order = ("twostep-import", "twostep-fp32", "twostep-int8", "ct2-fp32", "ct2-int8", "optimum")
     labels = {"twostep-import": "twostep import", "twostep-fp32": "twostep export --dtype fp32",
               "twostep-int8": "twostep export --dtype int8", "ct2-fp32": "CTranslate2 conversion (float32)",
               "ct2-int8": "CTranslate2 conversion (int8)",
               "optimum": "optimum-cli export onnx (text2text-generation-with-past)"}
-    rows = [{"step": k, "label": labels[k], "seconds": times[k]} for k in order if k in times]
+    rows = [{"step": k, "label": labels[k], **times[k]} for k in order if k in times]
     ratio = None
     if "twostep-import" in times and "twostep-fp32" in times and "optimum" in times:
-        total = times["twostep-import"] + times["twostep-fp32"]
-        ratio = {"twostep_fp32_total_s": total, "optimum_s": times["optimum"], "ratio": total / times["optimum"],
-                 "target": EXPORT_TARGET, "met": total / times["optimum"] <= EXPORT_TARGET}
+        total = times["twostep-import"]["seconds"] + times["twostep-fp32"]["seconds"]
+        optimum = times["optimum"]["seconds"]
+        ratio = {"twostep_fp32_total_s": total, "optimum_s": optimum, "ratio": total / optimum,
+                 "target": EXPORT_TARGET, "met": total / optimum <= EXPORT_TARGET}
     return rows, ratio
 
 
@@ -611,14 +622,16 @@ def report(meta: dict, rows: dict, engines: list[str], workloads: list[Workload]
                   "| engine | weights read per step | floor ms/step | measured ms/token | x floor |",
                   "|---|---:|---:|---:|---:|"]
         for f in floors:
-            lines.append(f"| {LABELS[f['engine']]} | {f['step_bytes'] / 2**20:,.0f} MiB ({f['dtype']}) | "
+            lines.append(f"| {LABELS[f['engine']]} | {f['step_bytes'] / 2**20:,.1f} MiB ({f['dtype']}) | "
                          f"{f['floor_ms']:.1f} | {f['ms_per_token']:.1f} | {f['times_floor']:.2f} |")
     if exports:
-        lines += ["", "| export (a fresh process, wall clock) | seconds |", "|---|---:|"]
-        lines += [f"| {x['label']} | {x['seconds']:.1f} |" for x in exports]
+        lines += ["", "| export (a fresh process, wall clock) | seconds | load average before/after | when |",
+                  "|---|---:|---|---|"]
+        lines += [f"| {x['label']} | {x['seconds']:.1f} | {x.get('load_before')}/{x.get('load_after')} | "
+                  f"{x.get('date', '?')} |" for x in exports]
         if export_ratio:
             lines.append(f"| twostep import + export fp32 / Optimum | {export_ratio['ratio']:.2f}x (target <= "
-                         f"{export_ratio['target']:.1f}x: {'met' if export_ratio['met'] else 'NOT met'}) |")
+                         f"{export_ratio['target']:.1f}x: {'met' if export_ratio['met'] else 'NOT met'}) | | |")
     return "\n".join(lines)
 
 
@@ -643,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-install", action="store_true", help="never make Optimum's venv: skip Optimum without it")
     p.add_argument("--no-reference", action="store_true", help="no eager transformers reference")
     p.add_argument("--bandwidth-mib", type=int, help="the bandwidth measure's array (default 512; --smoke 64)")
+    p.add_argument("--rebuild", default="", help="comma-separated steps built (and timed) again though present: "
+                   "twostep-import, twostep-fp32, twostep-int8, ct2-fp32, ct2-int8, optimum")
     p.add_argument("--prepare-only", action="store_true", help="build, convert and export into --work, then stop")
     p.add_argument("--json", type=Path, help="write every number here")
     p.add_argument("--markdown", type=Path, help="write the tables here")
@@ -692,7 +707,10 @@ def main(argv: list[str] | None = None) -> int:
                 optimum_python = str(python_of(args.optimum_venv))
             except (RuntimeError, OSError) as exc:
                 optimum_error = f"installing Optimum failed: {exc}"
-    paths, errors, export_times = prepare(work, size, engines, optimum_python, optimum_error, log)
+    rebuild = tuple(x.strip() for x in args.rebuild.split(",") if x.strip())
+    if set(rebuild) - {"twostep-import", *ENGINES}:
+        p.error(f"unknown --rebuild steps {sorted(set(rebuild) - {'twostep-import', *ENGINES})}")
+    paths, errors, export_times = prepare(work, size, engines, optimum_python, optimum_error, log, rebuild)
     sentences = make_sentences(n, size)
     max_beam = max(w.beam for w in workloads)
     common = {"threads": args.threads, "new_tokens": new_tokens, "max_batch": max(args.batch, args.beam_batch),
