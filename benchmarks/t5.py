@@ -56,7 +56,9 @@ inter-op thread:
 Export times: each conversion is the command a user runs, in a fresh process, wall clock, measured when the
 benchmark builds it (kept in WORK/export_times.json and reported again by later runs that reuse the files):
 twostep import, twostep export fp32 and int8, CTranslate2's conversions, Optimum's export. The ratio: (twostep
-import + export fp32) / Optimum's export, against the target 1.2x.
+import + export fp32) / Optimum's export, against the target 1.2x. Both check what they wrote: twostep export
+against eager PyTorch on its shape grid (22 cases and two decoding sessions; about half its time at mT5-base's
+size), optimum-cli on one set of dummy inputs per graph, after merging the two decoders into a third file.
 
 Workloads: greedy batch 1 (`--sentences-b1` sentences), greedy batch 16 and beam 4 batch 8 (`--sentences`, the
 same batches for every engine). Each engine is warmed up on a workload's first batch, then the workload runs
