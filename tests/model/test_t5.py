@@ -108,7 +108,8 @@ def test_sharded_weights_import_as_one_file_does(pretrained, tmp_path):
     (sharded / "config.json").write_text((pretrained.hf / "config.json").read_text())
     assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
     import_hf_directory(sharded, tmp_path / "ckpt")
-    want, got = load_checkpoint(pretrained.ckpt).model.state_dict(), load_checkpoint(tmp_path / "ckpt").model.state_dict()
+    want = load_checkpoint(pretrained.ckpt).model.state_dict()
+    got = load_checkpoint(tmp_path / "ckpt").model.state_dict()
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
 
 
