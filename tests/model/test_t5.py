@@ -141,12 +141,15 @@ def edited(src, out, config=None, added=None):
 
 
 @ONLY_MADLAD
-@pytest.mark.parametrize("case", ["feed_forward_proj", "tokenizer_size", "no_tokenizer"])
+@pytest.mark.parametrize("case", ["feed_forward_proj", "d_model", "tokenizer_size", "no_tokenizer"])
 def test_what_twostep_does_not_run_is_refused_in_one_line(pretrained, tmp_path, case):
     rows = json.loads((pretrained.hf / "config.json").read_text())["vocab_size"]
     if case == "feed_forward_proj":
         src = edited(pretrained.hf, tmp_path / "hf", config={"feed_forward_proj": "gated-mish"})
         message = "feed_forward_proj 'gated-mish' is not one twostep runs"
+    elif case == "d_model":
+        src = edited(pretrained.hf, tmp_path / "hf", config={"d_model": None})
+        message = "d_model None is not a size"
     elif case == "tokenizer_size":
         src = edited(pretrained.hf, tmp_path / "hf", added={"<extra>": rows + 4})
         message = f"tokenizer.json has ids up to {rows + 4}, but the model's embedding has {rows} rows"

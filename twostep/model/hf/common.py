@@ -352,6 +352,7 @@ class TokenizerJson:
     added: dict[str, int]
     normalizer: dict[str, Any]
     pre_tokenizer: dict[str, Any]
+    special: frozenset[str] = frozenset()  # the added tokens marked special (decoded text leaves them out)
 
     @classmethod
     def read(cls, path: Path) -> TokenizerJson:
@@ -379,7 +380,9 @@ class TokenizerJson:
             value = data.get(key)
             return value if isinstance(value, dict) else {}
 
-        return cls(path, kind, table, added, section("normalizer"), section("pre_tokenizer"))
+        special = frozenset(t["content"] for t in data.get("added_tokens") or []
+                            if isinstance(t, dict) and t.get("special") and isinstance(t.get("content"), str))
+        return cls(path, kind, table, added, section("normalizer"), section("pre_tokenizer"), special)
 
     def ids(self) -> CodedIds:
         return CodedIds(self.path, self.table, self.added, self.trailing_space())

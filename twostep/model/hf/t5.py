@@ -115,10 +115,9 @@ def t5_tokenizer(hf: HFModel, rows: int) -> tuple[TokenizerSpec, dict[str, Path 
     spm, tj = hf.path / SPIECE, hf.path / TOKENIZER_JSON
     tok = tokenizer_config(hf)
     if tj.is_file():
-        ids = TokenizerJson.read(tj).ids()
-        special = {t["content"] for t in json.loads(tj.read_text(encoding="utf-8")).get("added_tokens") or []
-                   if isinstance(t, dict) and t.get("special")}
-        dropped = {piece: i for piece, i in ids.added.items() if piece in special}
+        read = TokenizerJson.read(tj)
+        ids = read.ids()
+        dropped = {piece: i for piece, i in ids.added.items() if piece in read.special}
     elif spm.is_file():
         extra = tok.get("extra_ids", 100)
         if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
@@ -161,6 +160,8 @@ def import_t5(hf: HFModel, model_type: str) -> Imported:
     activation, gated = feed_forward(hf)
     tied = generator_tied(sd, src_key)
     d_model = hf.get("d_model")
+    if not isinstance(d_model, int) or isinstance(d_model, bool) or d_model <= 0:  # read before the config checks it
+        raise BadCheckpoint(f"{hf.path / 'config.json'}: d_model {d_model!r} is not a size")
     layers = hf.get("num_layers")
     config = dict(
         src_vocab_size=rows, tgt_vocab_size=rows, d_model=d_model, n_heads=hf.get("num_heads"),
@@ -177,8 +178,6 @@ def import_t5(hf: HFModel, model_type: str) -> Imported:
         bos_id=hf.get("decoder_start_token_id", special["<pad>"]),
         decoder_start_id=hf.get("decoder_start_token_id", special["<pad>"]),
     )
-    if not isinstance(d_model, int) or isinstance(d_model, bool):
-        raise BadCheckpoint(f"{hf.path / 'config.json'}: d_model {d_model!r} is not a size")
     cfg = ModelConfig(**config)
     for side, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
         for i in range(n):
