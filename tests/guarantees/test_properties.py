@@ -19,6 +19,7 @@ from cpp_helpers import translate_cpp
 from twostep.artifact import load_artifact
 from twostep.errors import BadArtifact, BadInput
 from twostep.runtime.decoding import DecodeOptions, Specials
+from twostep.runtime.decoding.options import BOUNDS
 from twostep.runtime.translator import Limits, Translator, open_translator
 
 bounded = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -99,9 +100,19 @@ def test_any_token_id_batches_give_hypotheses_or_one_typed_error(demo):
 
 reasonable = st.floats(0.05, 3.0)
 unreasonable = st.floats(allow_nan=True, allow_infinity=True)
+
+
+def within(name: str) -> st.SearchStrategy:
+    """Any value an option's bound admits, its ends included (hypothesis tries them first)."""
+    bound = BOUNDS[name]
+    return st.floats(bound.low, bound.high, exclude_min=bound.low_open)
+
+
 options_kwargs = st.fixed_dictionaries({}, optional={
-    "beam_size": st.integers(-1, 5), "n_best": st.integers(-1, 6), "length_penalty": reasonable | unreasonable,
-    "sampling": st.booleans(), "temperature": reasonable | unreasonable, "top_k": st.integers(-2, 300),
+    "beam_size": st.integers(-1, 5), "n_best": st.integers(-1, 6),
+    "length_penalty": reasonable | within("length_penalty") | unreasonable,
+    "sampling": st.booleans(), "temperature": reasonable | within("temperature") | unreasonable,
+    "top_k": st.integers(-2, 300),
     "top_p": st.floats(0.05, 1.0) | unreasonable, "seed": st.none() | st.integers(-3, 2**64),
     "max_new_tokens": st.none() | st.integers(-1, 300), "suppress_eos": st.booleans(),
 })

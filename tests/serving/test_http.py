@@ -69,7 +69,7 @@ def test_concurrent_clients_get_their_own_answers(demo_server, demo_artifact, se
     ({"text": ["seven"], "beams": 4}, 400, "beams: Extra inputs are not permitted"),
     ({"text": ["seven"], "ids": [[5, 3]]}, 400, "give either text or ids"),
     ({}, 400, "give either text or ids"),
-    ({"text": ["seven"], "beam": 0}, 400, "beam size must be an integer >= 1"),
+    ({"text": ["seven"], "beam": 0}, 400, "beam size must be an integer in [1, 256]"),
     ({"text": [""]}, 400, "text 1 is empty"),
     ({"text": [""], "split": False}, 400, "sentence 1 is empty"),
     ({"text": ["seven. " * 9]}, 413, "9 sentences in one request; at most 8"),

@@ -52,8 +52,57 @@ class Hypothesis:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """The range an option takes: `low` to `high`, both included (`low_open`: above `low`), an integer or a finite
+    number. DecodeOptions refuses a value outside it; the HTTP API's schema states it (minimum, maximum)."""
+
+    low: float
+    high: float
+    integer: bool = False
+    low_open: bool = False
+
+    def admits(self, value) -> bool:
+        if not (is_int(value) if self.integer else is_number(value)):
+            return False
+        return (self.low < value if self.low_open else self.low <= value) and value <= self.high
+
+    def words(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        return f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]" if not self.integer \
+            else f"{kind} in [{self.low}, {self.high}]"
+
+
+MAX_NEW_TOKENS = 1 << 20  # a sentence's tokens: beam search divides by length ** length_penalty
+# The range of each option, one table for the CLI, the Python API and both HTTP APIs (the C++ library's
+# option_problems holds the same numbers). Where an end is not the option's own (top_p's 1), it is where the
+# arithmetic stops being safe:
+# - length_penalty: a beam score is log-probability / length ** length_penalty in float64, as transformers and
+#   CTranslate2 compute it (parity keeps the formula). With a length of at most MAX_NEW_TOKENS = 2 ** 20 and
+#   |length_penalty| <= 10, length ** length_penalty lies in [2 ** -200, 2 ** 200]: the score is finite, nonzero
+#   where the log-probability is, and orders hypotheses as the formula says. At 700 it overflows a double.
+# - temperature: logits / temperature in float64; below 0.01 sampling is argmax in all but name (the gap between
+#   two fp32 logits of 0.07 is already exp(7) apart) and near 0 the division overflows; above 100 the distribution
+#   is uniform to the last digit of a probability.
+# - beam_size and n_best: rows of one batch (a server's max_beam is lower still).
+# - top_k: any count; beyond the vocabulary it keeps every token. seed: what numpy's and C++'s 64-bit generators
+#   take. max_new_tokens and min_new_tokens: a sentence's tokens (a model's max_positions caps them further).
+BOUNDS: dict[str, Bound] = {
+    "beam_size": Bound(1, 256, integer=True),
+    "n_best": Bound(1, 256, integer=True),  # and at most beam_size
+    "length_penalty": Bound(-10.0, 10.0),
+    "temperature": Bound(0.01, 100.0),
+    "top_k": Bound(0, 2**31 - 1, integer=True),
+    "top_p": Bound(0.0, 1.0, low_open=True),
+    "seed": Bound(0, 2**64 - 1, integer=True),
+    "max_new_tokens": Bound(1, MAX_NEW_TOKENS, integer=True),
+    "min_new_tokens": Bound(0, MAX_NEW_TOKENS, integer=True),
+}
+
+
+@dataclass(frozen=True)
 class DecodeOptions:
-    """How to decode; impossible combinations are refused here, with one BadInput listing them all."""
+    """How to decode; values outside their BOUNDS and impossible combinations are refused here, with one
+    BadInput listing them all."""
 
     beam_size: int = 1
     length_penalty: float = 1.0
@@ -83,29 +132,17 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         problems = []
-        if not is_int(self.beam_size) or self.beam_size < 1:
-            problems.append(f"beam size must be an integer >= 1, got {self.beam_size!r}")
-        elif not is_int(self.n_best) or not 1 <= self.n_best <= self.beam_size:
-            problems.append(f"n_best must be between 1 and the beam size {self.beam_size}, got {self.n_best!r}")
+        for name, bound in BOUNDS.items():
+            value = getattr(self, name)
+            if not (value is None and name in ("seed", "max_new_tokens")) and not bound.admits(value):
+                problems.append(f"{name.replace('_size', ' size')} must be {bound.words()}, got {value!r}")
+        if BOUNDS["beam_size"].admits(self.beam_size) and BOUNDS["n_best"].admits(self.n_best) \
+                and self.n_best > self.beam_size:
+            problems.append(f"n_best must be at most the beam size {self.beam_size}, got {self.n_best!r}")
         if self.sampling and is_int(self.beam_size) and self.beam_size > 1:
             problems.append("sampling and beam search exclude each other: choose one")
-        for name in ("length_penalty", "temperature", "top_p"):
-            if not is_number(getattr(self, name)):
-                problems.append(f"{name} must be a finite number, got {getattr(self, name)!r}")
-        if is_number(self.temperature) and self.temperature <= 0:
-            problems.append(f"temperature must be positive, got {self.temperature}")
-        if is_number(self.top_p) and not 0 < self.top_p <= 1:
-            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
-        if not is_int(self.top_k) or self.top_k < 0:
-            problems.append(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
-        if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
-            problems.append(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.beam_stop not in BEAM_STOPS:
             problems.append(f"beam_stop must be one of {', '.join(BEAM_STOPS)}, got {self.beam_stop!r}")
-        if self.max_new_tokens is not None and (not is_int(self.max_new_tokens) or self.max_new_tokens < 1):
-            problems.append(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not is_int(self.min_new_tokens) or self.min_new_tokens < 0:
-            problems.append(f"min_new_tokens must be an integer >= 0, got {self.min_new_tokens!r}")
         if problems:
             raise BadInput("bad decoding options: " + "; ".join(problems))
 
@@ -116,13 +153,32 @@ def with_defaults(defaults: Mapping[str, Any] | None = None, where: str = "the m
     info's) meet a caller's explicit options: DecodeOptions of the defaults, each overridden by a `given` value
     that is not None (None: not given; so a given max_new_tokens or seed of None cannot undo a default). Defaults
     that DecodeOptions refuses are the model's fault: a BadArtifact naming `where`; given values it refuses, with
-    the defaults or not, the caller's: BadInput."""
+    the defaults or not, the caller's: BadInput.
+
+    A caller's choice of search wins over the defaults' (`explicit`): sampling asked for on a model whose default
+    is beam 4 samples (beam 1, one hypothesis), a beam asked for on a model whose default samples searches, and a
+    beam smaller than the default n_best keeps that many hypotheses. Only a caller who asks for both sampling and a
+    beam above 1 is refused."""
     defaults = dict(defaults or {})
     try:
         DecodeOptions(**defaults)
     except (BadInput, TypeError) as exc:
         raise BadArtifact(f"{where}: {exc}") from None
-    return DecodeOptions(**{**defaults, **{k: v for k, v in given.items() if v is not None}})
+    given = {k: v for k, v in given.items() if v is not None}
+    return DecodeOptions(**{**defaults, **explicit(defaults, given), **given})
+
+
+def explicit(defaults: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The defaults that a caller's choice of search overrides (with_defaults)."""
+    out: dict[str, Any] = {}
+    if given.get("sampling") is True and "beam_size" not in given:
+        out.update(beam_size=1, n_best=1)
+    if "beam_size" in given:
+        if "sampling" not in given and is_int(given["beam_size"]) and given["beam_size"] > 1:
+            out["sampling"] = False
+        if "n_best" not in given and is_int(given["beam_size"]):
+            out["n_best"] = max(1, min(defaults.get("n_best", 1), given["beam_size"]))
+    return out
 
 
 def is_int(value) -> bool:
