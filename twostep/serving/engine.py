@@ -57,6 +57,15 @@ from twostep.serving.limits import BatchLimits
 log = logging.getLogger("twostep.serving")
 
 
+class Faulted(RuntimeError):
+    """A request's decode raised (a bug, or a model that cannot decode the request), in its own search group or
+    alone on the session: the request fails with this, and the sentences it shared a batch with go on."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(f"decoding this request failed: {type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
 class Metrics:
     """What the executor reports; the HTTP server's Prometheus metrics subclass it. This one counts nothing."""
 
@@ -72,6 +81,10 @@ class Metrics:
 
     def generated(self, tokens: int) -> None:
         """A sentence finished with this many tokens (its best hypothesis)."""
+
+    def fault(self, where: str, sentences: int, retried: int) -> None:
+        """Decoding raised: in a search group (`where` "search": its sentences' own fault) or in the step session
+        ("session": the lane's), with this many sentences decoding in it, of which `retried` decode again."""
 
 
 OnTokens = Callable[[int, list[int]], None]  # (sentence index, its tokens so far)
@@ -102,6 +115,8 @@ class Sentence:
     ids: list[int]
     limit: int  # its max_new_tokens
     arrived: float
+    alone: bool = False  # retried after its search group raised: it decodes in a group of its own
+    reported: bool = False  # its tokens so far went to its request's on_tokens
 
     @property
     def rows(self) -> int:
@@ -114,6 +129,16 @@ class Sentence:
     @property
     def cancelled(self) -> bool:  # its caller went away, or a sentence of its request failed: nobody waits for it
         return self.request.future.done()
+
+    def again(self, alone: bool) -> Sentence:
+        """The sentence to decode from its start once more, after a fault in what it decoded with."""
+        return replace(self, alone=alone or self.alone, reported=False)
+
+    @property
+    def repeats(self) -> bool:
+        """Whether decoding it again gives what it gave so far: unless it samples unseeded and has streamed."""
+        o = self.request.options
+        return not (self.reported and o.sampling and o.seed is None)
 
 
 @dataclass(eq=False)
@@ -129,6 +154,10 @@ class Lane:
     batch: RunningBatch = field(init=False)
     step_s: float = 0.0
     ahead_s: float = 0.0
+    # After its session raised: groups of its sentences to decode again, each alone in the lane (`isolating`:
+    # nothing else joins while one does), halved again while they fail (BatchingEngine.session_fault)
+    cohorts: deque[list[Sentence]] = field(default_factory=deque)
+    isolating: bool = False
 
     @property
     def express(self) -> bool:
@@ -142,7 +171,7 @@ class Lane:
 
     def takes(self, x: Sentence, rows: int, tokens: int) -> bool:
         """Whether x may join, the lane holding `rows` and `tokens`: an empty main lane takes any sentence."""
-        if self.express and len(x.ids) > self.max_source:
+        if self.isolating or (self.express and len(x.ids) > self.max_source):
             return False
         fits = rows + x.rows <= self.max_rows and tokens + x.cost <= self.max_tokens
         return fits or (not rows and not self.express)
@@ -165,6 +194,7 @@ class BatchingEngine:
         self.cond = threading.Condition()
         self.closed = False
         self.worker: threading.Thread | None = None  # start()
+        self.lanes: list[Lane] = []  # the worker's
 
     # -- callers ---------------------------------------------------------------------------------------
     def start(self) -> BatchingEngine:
@@ -240,6 +270,9 @@ class BatchingEngine:
             with self.cond:
                 self.closed = True
                 waiting, self.waiting = list(self.waiting), deque()
+            for lane in self.lanes:  # those decoding, and those to decode again
+                waiting += [*(lane.batch.owners() if hasattr(lane, "batch") else ()),
+                            *(x for cohort in lane.cohorts for x in cohort)]
             self.fail(waiting, exc if isinstance(exc, Exception) else RuntimeError("the batching worker stopped"))
             if not isinstance(exc, TwostepError):
                 raise
@@ -250,6 +283,7 @@ class BatchingEngine:
         if self.express_session is not None:
             lanes.append(Lane(self.express_session, self.limits.express_rows,
                               self.limits.express_rows * self.limits.express_tokens, self.limits.express_tokens))
+        self.lanes = lanes
         with contextlib.ExitStack() as stack:
             for lane in lanes:
                 stack.enter_context(lane.session.claimed())
@@ -260,30 +294,75 @@ class BatchingEngine:
                     return
                 for lane, sentences in zip(lanes, joining):
                     if sentences:
-                        self.guarded(lane, sentences, lambda: self.join(lane.batch, sentences))
+                        self.join(lane, sentences)
                 lane = self.pick(lanes)
                 if lane is not None:
-                    self.metrics.step(lane.batch.live_rows, express=lane.express)
-                    started = time.perf_counter()
-                    self.guarded(lane, [], lambda: self.answer_all(lane.batch.step()))
-                    if lane.batch.streaming:
-                        self.report(lane.batch.progress())
-                    lane.step_s = time.perf_counter() - started
+                    self.step(lane)
                     if lane.express:
                         lane.ahead_s += lane.step_s
                     else:  # the main lane stepped: the express lane's lead starts again
                         lanes[-1].ahead_s = 0.0
 
-    def restart(self, lane: Lane) -> None:
-        s = self.specials
-        lane.batch = RunningBatch(lane.session, specials=s, cancelled=lambda sentence: sentence.cancelled)
-
-    def guarded(self, lane: Lane, joining: list[Sentence], work: Callable[[], None]) -> None:
+    def step(self, lane: Lane) -> None:
+        """One step of a lane's batch; its sentences done are answered, its streams told their tokens so far."""
+        batch = lane.batch
+        self.metrics.step(batch.live_rows, express=lane.express)
+        started = time.perf_counter()
         try:
-            work()
-        except Exception as exc:  # the lane's requests fail; the worker goes on with a new batch there
-            self.fail([*lane.batch.owners(), *joining], exc)
-            self.restart(lane)
+            finished = batch.step()
+        except Exception as exc:
+            self.session_fault(lane, [], exc)
+            return
+        finally:
+            lane.step_s = time.perf_counter() - started
+        self.answer_all(finished)
+        if batch.broken is None and batch.streaming:
+            try:
+                self.report(batch.progress())
+            except Exception as exc:  # freeing a faulty group's rows: the session's
+                batch.broken = exc
+        if batch.broken is not None:
+            self.session_fault(lane, [], batch.broken)
+
+    def restart(self, lane: Lane) -> None:
+        lane.batch = RunningBatch(lane.session, specials=self.specials, cancelled=lambda sentence: sentence.cancelled,
+                                  on_fault=self.group_fault)
+
+    def group_fault(self, sentences: list[Sentence], exc: Exception) -> None:
+        """A search group raised (RunningBatch's on_fault): its sentences' own fault, the batch goes on. A sentence
+        that decoded alone fails its request; several are decoded again, each in a group of its own, before any
+        of them fails (the one whose decode raises then fails alone)."""
+        live = [x for x in sentences if not x.cancelled]
+        retry = [x for x in live if not x.alone and len(live) > 1 and x.repeats]
+        self.metrics.fault("search", len(live), len(retry))
+        log.error("a search group of %d sentences (%s) raised: %s", len(live), self.described(live),
+                  "each decodes again alone" if retry else "its requests fail", exc_info=exc)
+        self.fail([x for x in live if x not in retry], Faulted(exc), logged=True)
+        with self.cond:
+            self.waiting.extendleft(reversed([x.again(alone=True) for x in retry]))  # first in the queue
+            self.cond.notify_all()
+
+    def session_fault(self, lane: Lane, joining: list[Sentence], exc: Exception) -> None:
+        """The lane's session raised: which sentence made it raise cannot be told. The lane starts a new batch;
+        its sentences (and those joining it) decode again, in cohorts of half of them that run alone in the
+        lane, halved again while they fail; a sentence that fails alone fails its request."""
+        live = [x for x in [*lane.batch.owners(), *joining] if not x.cancelled]
+        self.restart(lane)
+        lane.isolating = False
+        retry = [x for x in live if x.repeats] if len(live) > 1 else []
+        self.metrics.fault("session", len(live), len(retry))
+        log.error("the step session raised with %d sentences decoding (%s): %s", len(live), self.described(live),
+                  "they decode again in smaller groups" if retry else "their requests fail", exc_info=exc)
+        self.fail([x for x in live if x not in retry], Faulted(exc), logged=True)
+        half = (len(retry) + 1) // 2
+        for cohort in (retry[half:], retry[:half]):
+            if cohort:
+                lane.cohorts.appendleft([x.again(alone=False) for x in cohort])
+
+    @staticmethod
+    def described(sentences: list[Sentence]) -> str:
+        requests = {id(x.request): x.request for x in sentences}
+        return f"{len(requests)} request{'s' * (len(requests) != 1)}"
 
     def pick(self, lanes: list[Lane]) -> Lane | None:
         """The lane to step: the express lane while it runs, except that the main lane's steps get at least
@@ -296,24 +375,29 @@ class BatchingEngine:
         share = self.limits.express_share
         return main if express.ahead_s * (1 - share) >= share * main.step_s else express
 
-    def join(self, batch: RunningBatch, joining: list[Sentence]) -> None:
+    def join(self, lane: Lane, joining: list[Sentence]) -> None:
+        batch = lane.batch
         running = batch.sentences
         try:
             self.answer_all(batch.add([Entry(x.ids, x.request.key, x.limit, x, prefix=x.request.prefix,
-                                             stream=x.request.on_tokens is not None) for x in joining]))
+                                             stream=x.request.on_tokens is not None, alone=x.alone)
+                                       for x in joining]))
         except TwostepError as exc:  # refused before the batch changed (an engine profile's limit)
             if len(joining) == 1:
                 self.fail(joining, exc)
             else:  # one at a time: only the sentence the session refuses fails
                 for x in joining:
-                    self.join(batch, [x])
+                    self.join(lane, [x])
+            return
+        except Exception as exc:
+            self.session_fault(lane, joining, exc)
             return
         rows = sum(x.rows for x in joining)
         (self.metrics.joined if running else self.metrics.batch)(len(joining), rows)
 
-    def fail(self, sentences: list[Sentence], exc: Exception) -> None:
-        if not isinstance(exc, TwostepError):
-            log.exception("decoding a batch of %d sentences failed", len(sentences))
+    def fail(self, sentences: list[Sentence], exc: Exception, logged: bool = False) -> None:
+        if not isinstance(exc, TwostepError) and not logged and sentences:
+            log.error("decoding %d sentences failed", len(sentences), exc_info=exc)
         for x in sentences:
             try:
                 x.request.future.set_exception(exc)
@@ -325,12 +409,14 @@ class BatchingEngine:
         is static), without blocking. Otherwise it blocks until a batch is due: full, or max_wait_ms after its
         first sentence came or after the worker became free, whichever is later (callers answered by the last
         batch send their next requests in that time, and join this one instead of forming a batch of their
-        own); None once closed and drained."""
-        if any(lane.batch.sentences for lane in lanes):
+        own); None once closed and drained. A lane with cohorts to decode again (session_fault) takes the next
+        one, alone, once it is empty."""
+        starting = [self.next_cohort(lane) for lane in lanes]
+        if any(starting) or any(lane.batch.sentences for lane in lanes):
             if not self.limits.inflight or not self.waiting:  # nothing to join: no lock, no scan (every step)
-                return [[] for _ in lanes]
+                return starting
             with self.cond:
-                return self.take(self.fitting(lanes)[0])
+                return [cohort + taken for cohort, taken in zip(starting, self.take(self.fitting(lanes)[0]))]
         free_since = time.monotonic()
         with self.cond:
             while True:
@@ -347,6 +433,20 @@ class BatchingEngine:
                 if self.closed or full or time.monotonic() >= deadline:
                     return self.take(taken)
                 self.cond.wait(deadline - time.monotonic())
+
+    @staticmethod
+    def next_cohort(lane: Lane) -> list[Sentence]:
+        """The cohort a lane starts now: the next of its cohorts once its batch is empty (the lane then takes
+        nothing else until it is done), or none."""
+        if lane.batch.sentences:
+            return []
+        lane.isolating = False
+        while lane.cohorts:
+            cohort = [x for x in lane.cohorts.popleft() if not x.cancelled]
+            if cohort:
+                lane.isolating = True
+                return cohort
+        return []
 
     def fitting(self, lanes: list[Lane]) -> tuple[list[list[Sentence]], bool]:
         """The waiting sentences that fit in each lane (after what it holds), in arrival order, from one scan

@@ -16,6 +16,7 @@ static case: every sentence joins at the first step.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -82,7 +83,8 @@ class Entry:
     with one beam). `prefix`: tokens forced after the decoder's start token, one a step (a target-language
     token); they count as generated tokens (against the limit, in beam search's length), as transformers
     counts them, and hypotheses leave them out. `stream`: its owner wants its tokens so far after each step
-    (RunningBatch.progress)."""
+    (RunningBatch.progress). `alone`: it decodes in a search group of its own, not with the sentences that share
+    its options (a sentence retried after a fault in its group: RunningBatch's `on_fault`)."""
 
     source: Sequence[int]
     options: DecodeOptions
@@ -91,6 +93,15 @@ class Entry:
     group: type[Group] | None = None
     prefix: Sequence[int] = ()
     stream: bool = False
+    alone: bool = False
+
+    def key(self) -> tuple:
+        """Its search group's key: the strategy and the options, and its owner where it decodes alone."""
+        cls = self.group or strategy(self.options)
+        return (cls, self.options, self.owner) if self.alone else (cls, self.options)
+
+
+OnFault = Callable[[list, Exception], None]  # (the owners of a search group that raised, what it raised)
 
 
 class RunningBatch:
@@ -106,12 +117,22 @@ class RunningBatch:
 
     Streaming: after a step, `progress()` gives the tokens so far of the sentences that joined with
     `Entry.stream` and are still decoding with greedy search or sampling; `streaming` counts the sentences that
-    stream, so that a caller asks only when one does (a step itself does nothing more for them)."""
+    stream, so that a caller asks only when one does (a step itself does nothing more for them).
+
+    Faults. A search group that raises (joining, advancing, reporting progress) is its sentences' fault: with
+    `on_fault`, the group leaves the batch, its rows freed, and `on_fault(its owners, the exception)` is told,
+    while the other groups go on as if it had never been there (rows are computed apart); without it, the
+    exception propagates. The session's own exceptions cannot be put on a sentence: `add` and `step` raise them
+    (the batch's state is then lost: start a new one), except one raised after a step's groups advanced (moving
+    or releasing rows), which leaves the sentences done at that step whole: `step` returns them and sets
+    `broken` to the exception. A TwostepError from the session's encoder is a refusal before anything changed."""
 
     def __init__(self, session: StepSession, *, specials: Specials,
-                 cancelled: Callable[[object], bool] | None = None, compact_at: float = 0.25):
+                 cancelled: Callable[[object], bool] | None = None, compact_at: float = 0.25,
+                 on_fault: OnFault | None = None):
         self.session, self.specials = session, specials
-        self.cancelled, self.compact_at = cancelled, compact_at
+        self.cancelled, self.compact_at, self.on_fault = cancelled, compact_at, on_fault
+        self.broken: Exception | None = None  # the session raised after a step's groups advanced
         self.groups: dict[tuple, Group] = {}
         self.tokens = np.zeros(0, np.int64)  # each row's next token
         self.forced = np.full((0, 0), -1, np.int64)  # each row's forced tokens
@@ -139,7 +160,42 @@ class RunningBatch:
         """(owner, tokens so far) of each sentence still decoding that streams and has generated a token past
         its forced ones (Entry.prefix, left out), with greedy search or sampling: a beam's best can change until
         its sentence is done (step() returns it then). eos is never among them: a sentence is done at its eos."""
-        return [p for g in self.groups.values() if g.streaming for p in g.progress()]
+        out, faults = [], []
+        for key, g in self.groups.items():
+            if g.streaming:
+                try:
+                    out += g.progress()
+                except Exception as exc:
+                    faults.append((key, exc, None))
+        self.faulted(faults)
+        return out
+
+    def faulted(self, faults: list[tuple[tuple, Exception, np.ndarray | None]]) -> None:
+        """Search groups that raised, (key, exception, rows taken for it as it joined): without on_fault, the first
+        exception goes on; with it, the groups leave, their rows freed, and on_fault hears of each one's owners
+        (even if the session raises freeing the rows: `broken`)."""
+        if not faults:
+            return
+        if self.on_fault is None:
+            raise faults[0][1]
+        left = []
+        for key, exc, rows in faults:
+            g = self.groups.pop(key)
+            with contextlib.suppress(Exception):
+                g.close()
+            left.append((g, exc, g.at if rows is None else np.union1d(g.at, rows).astype(np.int64)))
+        try:
+            self.release(np.concatenate([rows for _, _, rows in left]))
+        finally:
+            for g, exc, _ in left:
+                self.on_fault(list(g.owners), exc)
+
+    def release(self, rows: np.ndarray) -> None:
+        """Rows whose sentences left: the session forgets them, and the batch reuses them."""
+        if len(rows):
+            self.session.release(rows)
+            self.free += rows.tolist()
+            self.compact()
 
     def add(self, entries: Sequence[Entry]) -> list[tuple[object, list[Hypothesis]]]:
         """Sentences join; those with a limit of 0 are done at once (returned). If the session refuses them
@@ -149,8 +205,8 @@ class RunningBatch:
         if not entries:
             return done
         ids, mask = pad_batch([e.source for e in entries], self.specials.pad_id)
-        keys = [(e.group or strategy(e.options), e.options) for e in entries]
-        counts = np.array([e.options.beam_size if cls is Beam else 1 for e, (cls, _) in zip(entries, keys)])
+        keys = [e.key() for e in entries]
+        counts = np.array([e.options.beam_size if key[0] is Beam else 1 for e, key in zip(entries, keys)])
         needed = int(counts.sum())
         free = sorted(self.free)
         rows = np.array(free[:needed] + list(range(self.rows, self.rows + max(needed - len(free), 0))), np.int64)
@@ -170,13 +226,18 @@ class RunningBatch:
         joining: dict[tuple, list[int]] = {}
         for i, key in enumerate(keys):
             joining.setdefault(key, []).append(i)
-        for (cls, options), mine in joining.items():
-            if (cls, options) not in self.groups:
-                self.groups[cls, options] = cls(options, self.specials)
-            self.groups[cls, options].join(
-                [list(entries[i].source) for i in mine], [entries[i].limit for i in mine],
-                [entries[i].owner for i in mine], np.concatenate([rows[first[i] : first[i + 1]] for i in mine]),
-                [len(entries[i].prefix) for i in mine], [entries[i].stream for i in mine])
+        faults = []
+        for key, mine in joining.items():
+            taken = np.concatenate([rows[first[i] : first[i + 1]] for i in mine])
+            if key not in self.groups:
+                self.groups[key] = key[0](key[1], self.specials)
+            try:  # Group.join adds the owners first: one that raises leaves whole, these with it
+                self.groups[key].join([list(entries[i].source) for i in mine], [entries[i].limit for i in mine],
+                                      [entries[i].owner for i in mine], taken,
+                                      [len(entries[i].prefix) for i in mine], [entries[i].stream for i in mine])
+            except Exception as exc:
+                faults.append((key, exc, taken))
+        self.faulted(faults)
         return done
 
     def force(self, entries: Sequence[Entry], counts: np.ndarray, rows: np.ndarray) -> None:
@@ -215,10 +276,16 @@ class RunningBatch:
         """One decoder step for every row; the sentences done at it, with their hypotheses."""
         out = self.search_step()
         self.forcing(out)
-        finished, freed = [], []
+        finished, freed, faults = [], [], []
         origin = None
         for key, g in list(self.groups.items()):
-            done, tokens, local_origin = g.advance(out)
+            try:
+                done, tokens, local_origin = g.advance(out)
+            except Exception as exc:
+                if self.on_fault is None:
+                    raise
+                faults.append((key, exc, None))  # it leaves after the others have moved their rows
+                continue
             self.tokens[g.at] = tokens
             stay = np.ones(len(g), dtype=bool)
             for j, hyps in done.items():
@@ -238,14 +305,15 @@ class RunningBatch:
             if not len(g):
                 g.close()
                 del self.groups[key]
-        if origin is not None:
-            self.session.reorder(origin, cache_only=True)  # beams trade places within their sentence
-            self.forced, self.forced_at = self.forced[origin], self.forced_at[origin]
-        if freed:
-            rows = np.concatenate(freed)
-            self.session.release(rows)
-            self.free += rows.tolist()
-            self.compact()
+        try:
+            if origin is not None:
+                self.session.reorder(origin, cache_only=True)  # beams trade places within their sentence
+                self.forced, self.forced_at = self.forced[origin], self.forced_at[origin]
+            if freed:
+                self.release(np.concatenate(freed))
+            self.faulted(faults)
+        except Exception as exc:  # the session's: the sentences done at this step are whole all the same
+            self.broken = exc
         return finished
 
     def search_step(self) -> dict[str, np.ndarray]:
@@ -311,3 +379,5 @@ def decode_steps(session: StepSession, sources: Sequence[Sequence[int]], options
             if not batch.sentences:
                 return
             finished = batch.step()
+            if batch.broken is not None:
+                raise batch.broken
