@@ -17,11 +17,11 @@ import pytest
 
 
 @contextmanager
-def server(art, *args, ready_s: float = 120, env: dict[str, str] | None = None):
-    """`twostep serve ART --port 0 ...` in its own process (`env`: added to the environment); yields (base URL,
-    process), the process's output lines so far in `process.log` (all of them once the block
-    has ended). Stopped with SIGTERM if still running."""
-    proc = subprocess.Popen([sys.executable, "-m", "twostep.cli", "serve", str(art), "--host", "127.0.0.1",
+def server(art, *args, ready_s: float = 120, env: dict[str, str] | None = None, module: str = "twostep.cli"):
+    """`twostep serve ART --port 0 ...` in its own process (`env`: added to the environment; `module`: the one
+    run with -m, which runs twostep's CLI); yields (base URL, process), the process's output lines so far in
+    `process.log` (all of them once the block has ended). Stopped with SIGTERM if still running."""
+    proc = subprocess.Popen([sys.executable, "-m", module, "serve", str(art), "--host", "127.0.0.1",
                              "--port", "0", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     lines: list[str] = []

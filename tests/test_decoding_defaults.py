@@ -37,6 +37,9 @@ def with_decoding(src, dst, decoding) -> object:
     return dst
 
 
+SAMPLED = {**ARGOS, "beam_size": 1, "sampling": True, "seed": 7, "temperature": 2.0}
+
+
 @pytest.fixture(scope="module")
 def argos(tmp_path_factory, demo_model_dir):
     """(artifact, the texts of beam 1, those of ARGOS): the demo model exported with ARGOS as its defaults."""
@@ -74,6 +77,17 @@ def test_cli_translates_with_them_unless_a_flag_says_otherwise(argos):
     assert flags.stdout.splitlines() == explicit
     overridden = twostep("translate", art, *SENTENCES, "--beam", "1")
     assert overridden.stdout.splitlines() == greedy
+    # sampling asked for wins over the default beam 4; asked for with a beam, it is refused
+    sampled = twostep("translate", art, *SENTENCES, "--sample", "--seed", "7", "--temperature", "2")
+    assert sampled.returncode == 0, sampled.stderr
+    assert sampled.stdout.splitlines() == sampled_texts(art)
+    assert_user_error(twostep("translate", art, *SENTENCES, "--sample", "--beam", "4"), "exclude each other")
+
+
+def sampled_texts(art) -> list[str]:
+    translator, backend = open_translator(art)
+    with backend:
+        return translator.translate(SENTENCES, DecodeOptions(**SAMPLED))
 
 
 def test_server_translates_with_them_unless_a_field_says_otherwise(argos):
@@ -83,6 +97,10 @@ def test_server_translates_with_them_unless_a_field_says_otherwise(argos):
         assert texts(post(url, {"text": SENTENCES})) == explicit
         assert texts(post(url, {"text": SENTENCES, "beam": 1})) == greedy
         assert texts(post(url, {"text": SENTENCES, "beam": None})) == explicit  # null: not set
+        sampled = post(url, {"text": SENTENCES, "sampling": True, "seed": 7, "temperature": 2.0})
+        assert sampled.status_code == 200 and texts(sampled) == sampled_texts(art)
+        both = post(url, {"text": SENTENCES, "sampling": True, "beam": 4})
+        assert both.status_code == 400 and "exclude each other" in both.json()["error"]
         lt = [httpx.post(f"{url}/translate", json={"q": s, "source": "en", "target": "de"}, timeout=60).json()
               for s in SENTENCES]
         assert [r["translatedText"] for r in lt] == [formatted(s, t) for s, t in zip(SENTENCES, explicit)]
@@ -115,3 +133,18 @@ def test_merge_rules():
     with pytest.raises(BadInput, match="beam size"):
         with_defaults(ARGOS, beam_size=0)
     assert set(DECODING_FIELDS) <= {f.name for f in fields(DecodeOptions)}  # the manifest's names are the options'
+
+
+def test_a_callers_choice_of_search_wins_over_the_defaults():
+    """Sampling asked for on a model whose default is a beam samples; a beam asked for on one whose default
+    samples searches; only a caller who asks for both is refused."""
+    assert with_defaults(ARGOS, sampling=True) == DecodeOptions(**{**ARGOS, "beam_size": 1, "sampling": True})
+    assert with_defaults({**ARGOS, "n_best": 4}, sampling=True).n_best == 1
+    assert with_defaults({"sampling": True, "temperature": 0.5}, beam_size=3) == \
+        DecodeOptions(beam_size=3, temperature=0.5)
+    assert with_defaults({"beam_size": 4, "n_best": 4}, beam_size=2).n_best == 2  # at most the beam asked for
+    assert with_defaults(ARGOS, sampling=False) == DecodeOptions(**ARGOS)
+    with pytest.raises(BadInput, match="sampling and beam search exclude each other"):
+        with_defaults(ARGOS, sampling=True, beam_size=4)
+    with pytest.raises(BadInput, match="n_best must be at most the beam size 1"):
+        with_defaults(ARGOS, sampling=True, n_best=2)

@@ -14,9 +14,10 @@ import time
 import numpy as np
 import pytest
 
+from fault_helpers import Poisoned, group_poison
 from twostep.artifact import load_artifact
 from twostep.runtime import backends
-from twostep.runtime.decoding import DecodeOptions, search
+from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.decoding.batch import Entry, RunningBatch, decode
 from twostep.runtime.decoding.options import Specials
 from twostep.runtime.streaming import Delta, SentenceDone
@@ -29,56 +30,6 @@ from twostep.serving.limits import BatchLimits
 LANES = {"in-flight": dict(), "static": dict(inflight=False), "express": dict(express_tokens=11)}
 OPTIONS = {"greedy": DecodeOptions(), "beam4": DecodeOptions(beam_size=4, n_best=2),
            "sampling": DecodeOptions(sampling=True, temperature=0.7, top_k=5, seed=11)}
-
-
-class Poisoned:
-    """A step session that raises, as a model's session may, in `where` ("step", "encode" or "release") while one
-    of its rows holds a source with the token `poison` (and, with `once`, only the first time). It follows the
-    rows from the calls the batch makes, as a session does."""
-
-    def __init__(self, inner, poison: int, where: str = "step", once: bool = False):
-        self.inner, self.poison, self.where, self.once = inner, poison, where, once
-        self.held = np.zeros(0, bool)  # each row: holds a poison source
-        self.raised = 0
-
-    def __getattr__(self, name):  # search_width, and whatever else the session has
-        return getattr(self.inner, name)
-
-    def check(self, where: str, any_row: bool = False) -> None:
-        if where == self.where and (any_row or self.held.any()) and not (self.once and self.raised):
-            self.raised += 1
-            raise RuntimeError(f"[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : injected in {where}")
-
-    def claimed(self):
-        return self.inner.claimed()
-
-    def start(self, input_ids, attention_mask):
-        self.inner.start(input_ids, attention_mask)
-        self.held = (input_ids == self.poison).any(1)
-        self.check("encode")
-
-    def admit(self, input_ids, attention_mask, sources, rows):
-        self.inner.admit(input_ids, attention_mask, sources, rows)
-        self.held = np.concatenate([self.held, np.zeros(max(rows.max() + 1 - len(self.held), 0), bool)])
-        self.held[rows] = (input_ids == self.poison).any(1)[sources]
-        self.check("encode")
-
-    def release(self, rows):
-        self.check("release", any_row=self.poison < 0)
-        self.inner.release(rows)
-        self.held[rows] = False
-
-    def reorder(self, origin, cache_only=False):
-        self.inner.reorder(origin, cache_only)
-        self.held = self.held[origin]
-
-    def step(self, input_ids):
-        self.check("step")
-        return self.inner.step(input_ids)
-
-    def search_step(self, input_ids, need_logits=True):
-        self.check("step")
-        return self.inner.search_step(input_ids, need_logits)
 
 
 class Faults(Metrics):
@@ -143,34 +94,6 @@ def submit_all(ex, good, poison_ids, options) -> tuple[list, object]:
     bad = ex.submit_ids([ex.encode(good[0])[0], poison_ids], options)
     futures += [ex.submit_ids(ex.encode(texts), options) for texts in good[4:]]
     return futures, bad
-
-
-@contextlib.contextmanager
-def group_poison(poison: int):
-    """Every search group raises in its step while it holds a sentence whose source has `poison` (as a search
-    would whose arithmetic breaks on one sentence's options or tokens)."""
-    original_join, original_advance = search.Group.join, {c: c.advance for c in (search.Greedy, search.Beam)}
-
-    def join(self, sources, limits, owners, *args, **kwargs):
-        self.poisoned = [*getattr(self, "poisoned", []), *(o for s, o in zip(sources, owners) if poison in s)]
-        return original_join(self, sources, limits, owners, *args, **kwargs)
-
-    def advancing(cls):
-        def advance(self, step):
-            if any(owner is p for owner in self.owners for p in self.poisoned):
-                raise OverflowError("(34, 'Numerical result out of range')")
-            return original_advance[cls](self, step)
-        return advance
-
-    search.Group.join = join
-    for cls in original_advance:
-        cls.advance = advancing(cls)
-    try:
-        yield
-    finally:
-        search.Group.join = original_join
-        for cls, method in original_advance.items():
-            cls.advance = method
 
 
 @pytest.mark.parametrize("lane", LANES)

@@ -118,6 +118,13 @@ class PrometheusMetrics(Metrics):
         self.tokens = Counter("twostep_generated_tokens", "Tokens generated (best hypothesis of each sentence).",
                               registry=registry)
         self.queue = Gauge("twostep_queue_depth", "Sentences waiting for a batch.", registry=registry)
+        self.faults = Counter("twostep_decode_faults", "Times decoding raised, by where: search (a search group's, "
+                              "its sentences' own fault) or session (the model's session: its sentences decode again "
+                              "in smaller groups).", ["where"], registry=registry)
+        for where in ("search", "session"):
+            self.faults.labels(where)
+        self.retried = Counter("twostep_retried_sentences", "Sentences decoded again after a fault in what they "
+                               "shared a batch with.", registry=registry)
 
     def batch(self, sentences: int, rows: int) -> None:
         self.batches.inc()
@@ -135,6 +142,10 @@ class PrometheusMetrics(Metrics):
 
     def generated(self, tokens: int) -> None:
         self.tokens.inc(tokens)
+
+    def fault(self, where: str, sentences: int, retried: int) -> None:
+        self.faults.labels(where).inc()
+        self.retried.inc(retried)
 
 
 @dataclass
