@@ -84,6 +84,18 @@ def test_user_errors_exit_1_without_traceback(args, fragments):
     assert_user_error(twostep(*args), *fragments)
 
 
+@pytest.mark.parametrize("flags,fragment", [
+    (("--beam", "4", "--length-penalty", "700"), "length_penalty must be a finite number in [-10, 10], got 700.0"),
+    (("--beam", "4", "--length-penalty", "-1e300"), "length_penalty must be a finite number in [-10, 10]"),
+    (("--sample", "--temperature", "1e-9"), "temperature must be a finite number in [0.01, 100]"),
+    (("--beam", "300"), "beam size must be an integer in [1, 256], got 300"),
+])
+def test_options_beyond_their_range_are_one_line(demo_artifact, flags, fragment):
+    result = twostep("translate", demo_artifact, "three hundred and forty-two", *flags)
+    assert_user_error(result, fragment)
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+
+
 def test_import_unknown_format(tmp_path):
     torch.save({"w": torch.zeros(1)}, tmp_path / "x.pt")
     result = twostep("import", tmp_path / "x.pt", "--format", "fairseq", "--heads", "4", "--out", tmp_path / "o")
