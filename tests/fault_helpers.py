@@ -1,9 +1,9 @@
 """Faults injected into decoding, for the fault-isolation tests (tests/serving/test_faults.py, test_poison.py):
 a step session that raises while one of its rows holds a poison source (`Poisoned`: the model's session, which
 cannot say which sentence made it raise), and search groups that raise while they hold one (`group_poison`: a bug
-in the search, or an option whose arithmetic breaks). `serve()` runs `twostep serve` with either, in a server
-process: `python -m fault_helpers serve ...` with TWOSTEP_TEST_POISON=<token id> and TWOSTEP_TEST_POISON_IN=search
-or session."""
+in the search, or an option whose arithmetic breaks). A server process, and Ray Serve's replicas, get either from
+the environment: with tests/poison_site on PYTHONPATH, its sitecustomize calls `from_environment()`, which reads
+TWOSTEP_TEST_POISON (a source token id) and TWOSTEP_TEST_POISON_IN (search, the default, or session)."""
 
 from __future__ import annotations
 
@@ -110,15 +110,14 @@ def session_poison(poison: int):
         RunningBatch.__init__ = original
 
 
-def serve() -> None:
-    """`twostep serve` (the arguments after the module's name) with the fault the environment names."""
-    from twostep.cli import main
-
+def from_environment() -> None:
+    """The fault the environment names, for the rest of the process (nothing without TWOSTEP_TEST_POISON)."""
+    if not os.environ.get("TWOSTEP_TEST_POISON"):
+        return
     poison = int(os.environ["TWOSTEP_TEST_POISON"])
     where = os.environ.get("TWOSTEP_TEST_POISON_IN", "search")
-    with (group_poison if where == "search" else session_poison)(poison):
-        main()
+    INSTALLED.append((group_poison if where == "search" else session_poison)(poison))
+    INSTALLED[-1].__enter__()  # held: a context manager collected would undo it
 
 
-if __name__ == "__main__":
-    serve()
+INSTALLED: list = []
