@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 import numpy as np
 
 from twostep.runtime.decoding import search
 from twostep.runtime.decoding.batch import RunningBatch
 
+TESTS = Path(__file__).parent
+POISON_SITE = f"{TESTS / 'poison_site'}:{TESTS}"  # PYTHONPATH: its sitecustomize injects the fault the env names
 
 class Poisoned:
     """A step session that raises, as a model's session may, in `where` ("step", "encode" or "release") while one
@@ -108,6 +111,21 @@ def session_poison(poison: int):
         yield
     finally:
         RunningBatch.__init__ = original
+
+
+def poison_word(artifact_dir, texts: list[str]) -> tuple[str, int]:
+    """A word of the demo model's that is one source token, which none of `texts` has: (the word, its token)."""
+    from twostep.artifact import load_artifact
+    from twostep.runtime.tokenizer import Tokenizer
+
+    artifact = load_artifact(artifact_dir)
+    tokenizer = Tokenizer.load(artifact.path, artifact.tokenizer)
+    used = {t for text in texts for t in tokenizer.encode_source(text)}
+    for word in ("thirteen", "fourteen", "seventeen", "eighteen", "nineteen", "eleven", "twelve", "million"):
+        ids = tokenizer.encode_source(word)[:-1]  # without eos
+        if len(ids) == 1 and ids[0] not in used:
+            return word, ids[0]
+    raise AssertionError("no word of the demo model's vocabulary is missing from the texts")
 
 
 def from_environment() -> None:

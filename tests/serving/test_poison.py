@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 
+from fault_helpers import POISON_SITE, poison_word
 from serving_helpers import server
 from twostep.artifact import load_artifact
 from twostep.runtime.decoding.options import BOUNDS
-from twostep.runtime.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
-TESTS = Path(__file__).parents[1]
-PYTHONPATH = f"{TESTS / 'poison_site'}:{TESTS}"  # its sitecustomize injects the fault (tests/fault_helpers.py)
 ROUNDS = 3
 MAX_BEAM = 8
 
@@ -36,21 +33,14 @@ def good() -> list[str]:
 @pytest.fixture(scope="module")
 def poison(demo_artifact, good) -> tuple[str, int]:
     """A word of one source token that no good request has: (the word, its token)."""
-    artifact = load_artifact(demo_artifact)
-    tokenizer = Tokenizer.load(artifact.path, artifact.tokenizer)
-    used = {t for text in good for t in tokenizer.encode_source(text)}
-    for word in ("thirteen", "fourteen", "seventeen", "eighteen", "nineteen", "eleven", "twelve", "million"):
-        ids = tokenizer.encode_source(word)[:-1]  # without eos
-        if len(ids) == 1 and ids[0] not in used:
-            return word, ids[0]
-    pytest.fail("no word of the demo model's vocabulary is missing from the good sentences")
+    return poison_word(demo_artifact, good)
 
 
 @pytest.fixture(scope="module", params=["search", "session"])
 def poisoned_server(request, demo_artifact, poison):
     """`twostep serve` of the demo artifact whose decoding raises where a source holds the poison's token: in its
     search groups, or in its step session."""
-    env = {"PYTHONPATH": PYTHONPATH, "TWOSTEP_TEST_POISON": str(poison[1]), "TWOSTEP_TEST_POISON_IN": request.param}
+    env = {"PYTHONPATH": POISON_SITE, "TWOSTEP_TEST_POISON": str(poison[1]), "TWOSTEP_TEST_POISON_IN": request.param}
     with server(demo_artifact, "--max-wait-ms", 50, "--max-beam", MAX_BEAM, env=env) as (url, proc):
         yield url, proc, request.param
 

@@ -17,6 +17,7 @@ import pytest
 httpx = pytest.importorskip("httpx", reason="the serving tests need httpx (pip install -e '.[dev]')")
 pytest.importorskip("ray.serve", reason="Ray Serve is an optional extra (pip install -e '.[ray]')")
 
+from fault_helpers import POISON_SITE, poison_word  # noqa: E402
 from twostep.runtime.translator import open_translator  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -66,7 +67,9 @@ def test_ray_serve_replicas_answer_like_the_python_runtime(demo_artifact, tmp_pa
     key = "k3y-ray-0c4f2a9d"
     (tmp_path / "keys").write_text(f"# the replicas get its digest\n{key}\n")
     auth = {"Authorization": f"Bearer {key}"}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0"}  # every replica's log lines, undeduplicated
+    word, poison = poison_word(demo_artifact, sentences)  # the replicas' search groups raise on its token
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0",  # every replica's log lines, undeduplicated
+           "PYTHONPATH": POISON_SITE, "TWOSTEP_TEST_POISON": str(poison)}
     proc = subprocess.Popen([sys.executable, "-m", "twostep.cli", "serve", str(demo_artifact), "--ray", "--port",
                              str(port), "--replicas", "2", "--num-cpus", "0.5", "--api-key-file", tmp_path / "keys",
                              "--graceful-shutdown-wait-loop", "0.5", "--graceful-shutdown-timeout", "30"],
@@ -79,11 +82,16 @@ def test_ray_serve_replicas_answer_like_the_python_runtime(demo_artifact, tmp_pa
             assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
             time.sleep(0.5)
         assert httpx.get(f"{url}/readyz", timeout=30).json()["status"] == "ready"  # open, as /healthz
-        with ThreadPoolExecutor(max_workers=16) as pool:
+        with ThreadPoolExecutor(max_workers=16) as pool:  # a poison among them: it fails alone
+            texts = sentences[:24] + [f"{sentences[0]} {word}"] * 2 + sentences[24:]
             replies = list(pool.map(lambda s: httpx.post(f"{url}/v1/translate", json={"text": [s]}, headers=auth,
-                                                         timeout=120), sentences))
+                                                         timeout=120), texts))
+        poisoned = replies[24:26]
+        replies = replies[:24] + replies[26:]
         assert [r.status_code for r in replies] == [200] * len(sentences)
         assert [r.json()["translations"][0][0]["text"] for r in replies] == want
+        assert [r.status_code for r in poisoned] == [500] * 2
+        assert all("decoding this request failed" in r.json()["error"] for r in poisoned), poisoned[0].text
         bad = httpx.post(f"{url}/v1/translate", json={"ids": [[5, 999, 3]]}, headers=auth, timeout=30)
         assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]
         for headers in ({}, {"Authorization": f"Bearer {key[:-1]}"}):

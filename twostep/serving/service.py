@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
 from twostep.runtime.decoding import DecodeOptions, Hypothesis
 from twostep.runtime.documents import DocumentPlan
-from twostep.serving.engine import Metrics
+from twostep.serving.engine import Faulted, Metrics
 from twostep.serving.executor import BatchingTranslator, batching_advice, open_batching_translator
 from twostep.serving.limits import BatchLimits
 from twostep.serving.models import Catalog, Loader, Model, Pool, Route
@@ -317,19 +317,21 @@ class Service:
 @dataclass(frozen=True)
 class Refused:
     """How an API words the service's refusals: a status for each kind of error (the first that the error is
-    an instance of), and the error's message in a JSON body {"error": ...}; Retry-After with 503 and 429."""
+    an instance of), and the error's message in a JSON body {"error": ...}; Retry-After with 503 and 429. A
+    request whose decode raised (engine.Faulted: logged with its traceback where it happened) is a 500."""
 
     statuses: Mapping[type, int]
 
-    def status(self, exc: TwostepError) -> int:
+    def status(self, exc: Exception) -> int:
         return next((status for kind, status in self.statuses.items() if isinstance(exc, kind)), 400)
 
-    def response(self, service: Service, exc: TwostepError, message: str | None = None):
+    def response(self, service: Service, exc: Exception, message: str | None = None):
         status = self.status(exc)
         return error(status, message or str(exc), **(service.retry_after if status in (429, 503) else {}))
 
 
-V1_REFUSED = Refused({NotReady: 503, Overloaded: 503, TooLarge: 413, BadInput: 400, TwostepError: 400})
+V1_REFUSED = Refused({Faulted: 500, NotReady: 503, Overloaded: 503, TooLarge: 413, BadInput: 400, TwostepError: 400})
+FAILED = (TwostepError, Faulted)  # what a request's decode ends with other than its answer: each API words it
 
 
 def error(status: int, message: str, **headers):

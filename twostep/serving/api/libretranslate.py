@@ -35,14 +35,15 @@ from fastapi.responses import JSONResponse, Response
 
 from twostep.errors import BadInput, Overloaded, TwostepError
 from twostep.runtime.markup import parse_html
+from twostep.serving.engine import Faulted
 from twostep.serving.middleware import bearer_key, known_key
 from twostep.serving.models import Catalog, Route, Unsupported, described
-from twostep.serving.service import NotReady, Refused, Service, Translated, error
+from twostep.serving.service import FAILED, NotReady, Refused, Service, Translated, error
 
 PATHS = frozenset({"/translate", "/detect"})  # which check their key themselves (in the body, or the header)
 OPEN = frozenset({"/languages", "/frontend/settings", "/health", "/spec"})  # open on a server with keys, as LT's
 ALIASES = {"zt": "zh-Hant", "pb": "pt-BR"}  # LibreTranslate's own codes (its libretranslate/language.py)
-REFUSED = Refused({NotReady: 503, Overloaded: 429, TwostepError: 400})
+REFUSED = Refused({Faulted: 500, NotReady: 503, Overloaded: 429, TwostepError: 400})
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default --frontend-timeout
 
 
@@ -232,7 +233,7 @@ def router(service: Service) -> APIRouter:
         alternatives: list[list[str]] = [[] for _ in ask.texts]
         try:
             done = await asyncio.gather(*(translated(ask, route, where, request) for route, where in groups))
-        except TwostepError as exc:  # refused (an over-long sentence, the queue), or failed while decoding
+        except FAILED as exc:  # refused (an over-long sentence, the queue), or failed while decoding
             return REFUSED.response(service, exc)
         for (_, where), answers in zip(groups, done):
             if answers is None:  # the client went away; its rows were dropped

@@ -33,7 +33,7 @@ from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.documents import DocumentPlan
 from twostep.runtime.streaming import Delta, Event, SentenceDone, TextDone, TextEvents
 from twostep.serving.models import Catalog, Route, Unsupported, described
-from twostep.serving.service import V1_REFUSED, Service, Translated, error, until_disconnected
+from twostep.serving.service import FAILED, V1_REFUSED, Service, Translated, error, until_disconnected
 
 
 class TranslateRequest(BaseModel):
@@ -189,7 +189,7 @@ async def sse_events(stream: AsyncIterator[Event], plan: DocumentPlan, service: 
                                            "hypotheses": [{"text": h, "score": s} for h, s in event.hypotheses]})
                 elif isinstance(event, TextDone):
                     yield sse("text", {"text": event.text, "translation": event.translation})
-        except TwostepError as exc:  # raised while decoding: an engine profile's limit, say
+        except FAILED as exc:  # raised while decoding: an engine profile's limit, a fault (logged where it happened)
             yield sse("error", {"error": str(exc)})
             return
     yield sse("end", {})
@@ -227,7 +227,7 @@ def router(service: Service) -> APIRouter:
             return error(400, exc.worded(MissingLanguage.FIELDS[exc.side]))
         except Unsupported as exc:  # in twostep's words, which list the codes
             return error(400, exc.plain)
-        except TwostepError as exc:
+        except FAILED as exc:
             return V1_REFUSED.response(service, exc)
         out: list = [None] * len(body.text)
         for (_, where), translated in zip(groups, done):
@@ -271,8 +271,8 @@ def router(service: Service) -> APIRouter:
             future = service.submit(translator, sources, options, leg.target)
             try:
                 results = await until_disconnected(asyncio.wrap_future(future), request)
-            except TwostepError as exc:  # raised while decoding: an engine profile's limit, say
-                return error(400, str(exc))
+            except FAILED as exc:  # raised while decoding: an engine profile's limit, a fault
+                return V1_REFUSED.response(service, exc)
             if results is None:  # the client went away; its rows were dropped
                 return Response(status_code=499)
             results = await translator.replace_unknowns_async(sources, results, options, leg.target)
