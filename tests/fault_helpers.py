@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,8 @@ class Poisoned:
     of its rows holds a source with the token `poison` (and, with `once`, only the first time). It follows the
     rows from the calls the batch makes, as a session does."""
 
-    def __init__(self, inner, poison: int, where: str = "step", once: bool = False):
-        self.inner, self.poison, self.where, self.once = inner, poison, where, once
+    def __init__(self, inner, poison: int, where: str = "step", once: bool = False, step_s: float = 0.0):
+        self.inner, self.poison, self.where, self.once, self.step_s = inner, poison, where, once, step_s
         self.held = np.zeros(0, bool)  # each row: holds a poison source
         self.raised = 0
 
@@ -62,10 +63,12 @@ class Poisoned:
 
     def step(self, input_ids):
         self.check("step")
+        time.sleep(self.step_s)
         return self.inner.step(input_ids)
 
     def search_step(self, input_ids, need_logits=True):
         self.check("step")
+        time.sleep(self.step_s)
         return self.inner.search_step(input_ids, need_logits)
 
 

@@ -223,3 +223,26 @@ def test_a_group_that_raises_leaves_the_batch_and_the_others_go_on(demo, poison)
     assert [(o, type(e)) for o, e in told] == [(["bad", "innocent"], OverflowError)]
     assert [owner for owner, _ in done] == ["good"]
     assert batch.rows == 0 and batch.broken is None
+
+
+def test_an_unseeded_sampling_stream_that_has_streamed_fails_rather_than_restart(demo, good, poison):
+    """Decoding again would draw another sample than the one it has streamed: that stream fails with the fault,
+    while a seeded one and greedy ones decode again and stream as they would have."""
+    ex, metrics = make(demo, lambda s: Poisoned(s, poison, step_s=0.01))  # 100 steps: a second
+    texts = [t for texts in good for t in texts][:3]
+    long = dict(suppress_eos=True, max_new_tokens=100)
+    options = [DecodeOptions(sampling=True, **long), DecodeOptions(sampling=True, seed=3, **long),
+               DecodeOptions(**long)]
+    with ex:
+        sources = ex.encode(texts)
+        queues = [queue.SimpleQueue() for _ in sources]
+        streams = [ex.submit_stream([ids], o, None, q.put) for ids, o, q in zip(sources, options, queues)]
+        for q in queues:  # each has streamed a token
+            assert q.get(timeout=60)[0] == "tokens"
+        bad = ex.submit_ids([[poison, *sources[0]]])
+        with pytest.raises(Faulted):
+            bad.result(60)
+        with pytest.raises(Faulted):
+            streams[0][0].result(60)
+        assert [len(f.result(60)) for f, _ in streams[1:]] == [1, 1]
+    assert metrics.faults[0][0] == "session" and metrics.faults[0][1] - metrics.faults[0][2] == 1

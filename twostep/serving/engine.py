@@ -116,7 +116,7 @@ class Sentence:
     limit: int  # its max_new_tokens
     arrived: float
     alone: bool = False  # retried after its search group raised: it decodes in a group of its own
-    reported: bool = False  # its tokens so far went to its request's on_tokens
+    reported: bool = False  # tokens of it went to its request's on_tokens (in this decode or an earlier one)
 
     @property
     def rows(self) -> int:
@@ -132,7 +132,7 @@ class Sentence:
 
     def again(self, alone: bool) -> Sentence:
         """The sentence to decode from its start once more, after a fault in what it decoded with."""
-        return replace(self, alone=alone or self.alone, reported=False)
+        return replace(self, alone=alone or self.alone)
 
     @property
     def repeats(self) -> bool:
@@ -479,6 +479,7 @@ class BatchingEngine:
         """Streaming sentences' tokens so far, to their requests' on_tokens."""
         for sentence, tokens in progress:
             if not sentence.cancelled:
+                sentence.reported = True
                 self.call(sentence.request, sentence.request.on_tokens, sentence.index, tokens)
 
     def call(self, request: Request, callback: Callable, *args) -> bool:
