@@ -221,8 +221,10 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
     std::vector<Ids> batch;
     size_t longest = 0;
     for (size_t i = start; i < end; ++i) batch.push_back(sources[order[i]]), longest = std::max(longest, batch.back().size());
-    const int max_new = max_new_tokens ? max_new_tokens
-                                         : static_cast<int>(std::min<int64_t>(impl_->m.max_positions, 2 * longest + 16));
+    // The options' max_new_tokens, else 2 x the longest source + 16, capped by max_positions (Python's
+    // Translator.max_new_tokens): a decode that would outgrow the model ends there.
+    const int64_t wanted = max_new_tokens ? max_new_tokens : 2 * static_cast<int64_t>(longest) + 16;
+    const int max_new = static_cast<int>(std::min<int64_t>(impl_->m.max_positions, wanted));
     const std::vector<Ids> forced(forced_ids.empty() ? 0 : batch.size(), forced_ids);
     detail::Progress progress;  // a batch row's news, as the caller's sentence
     if (on_step)

@@ -91,8 +91,8 @@ struct DecodeOptions {
   std::optional<int> beam_size;  // [1, 256]; 1: greedy (twostep's default)
   std::optional<double> length_penalty;  // [-10, 10]; 1.0
   std::optional<int> n_best;  // [1, 256] and at most beam_size; 1
-  // [1, 2^20]. 0 or not given: the model's default, else min(max_positions, 2 * longest source in the batch + 16);
-  // as Python's None, a 0 given does not undo a default
+  // [1, 2^20], capped by max_positions (as Python caps it). 0 or not given: the model's default, else 2 * longest
+  // source in the batch + 16; as Python's None, a 0 given does not undo a default
   std::optional<int> max_new_tokens;
   // eos is out of the logits (out of the softmax, never picked) until a sentence has generated this many tokens,
   // forced ones included: CTranslate2's min_decoding_length ([0, 2^20]; 0)
