@@ -3,8 +3,10 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "twostep/twostep.h"
 
@@ -33,11 +35,17 @@ const char* kUsage =
     "\"tokens\": [IDS, so far] in place of \"delta\"), I counted from 0 in input order; greedy: as each sentence\n"
     "grows, beam search: as each ends.\n";
 
+// A flag's value, the whole of it: an int within int's range, or a finite double. Whether it is in the option's
+// range is the library's to say (twostep::with_defaults).
 template <typename T>
 T parse(const std::string& flag, const std::string& value) {
   std::istringstream in(value);
   T out{};
-  if (!(in >> out) || !in.eof()) throw twostep::Error(flag + ": expected a number, got '" + value + "'");
+  if (!(in >> out) || !in.eof())  // >> fails on an int beyond int's range, a double beyond double's, inf and nan
+    throw twostep::Error(flag + ": expected " + (std::is_integral_v<T> ? "an integer in [" +
+                         std::to_string(std::numeric_limits<T>::min()) + ", " +
+                         std::to_string(std::numeric_limits<T>::max()) + "]" : std::string("a finite number")) +
+                         ", got '" + value + "'");
   return out;
 }
 
@@ -134,8 +142,12 @@ int main(int argc, char** argv) {
       else dir = arg;
     }
     if (dir.empty()) throw twostep::Error(std::string("missing ART_DIR\n") + kUsage);
+    if (warmup < 0 || repeat < 0)
+      throw twostep::Error("--warmup and --repeat take a count >= 0, got " + std::to_string(std::min(warmup, repeat)));
     twostep::Model model = twostep::Model::load(dir, options);
-    if (stream && (scores || warmup || repeat || *twostep::with_defaults(model.manifest().decoding, decode).n_best > 1))
+    // The options over the model's defaults, checked before any input is read: a value out of range is refused at once.
+    const twostep::DecodeOptions checked = twostep::with_defaults(model.manifest().decoding, decode);
+    if (stream && (scores || warmup || repeat || *checked.n_best > 1))
       throw twostep::Error("--stream prints the best hypothesis as it grows: not with --scores, --n-best, --warmup or "
                            "--repeat");
     std::vector<std::string> lines;

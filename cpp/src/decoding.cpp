@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 namespace twostep::detail {
@@ -154,25 +157,68 @@ BeamStop beam_stop(const std::string& rule) {
   throw Error("beam_stop must be one of n_best, transformers, ctranslate2, got '" + rule + "'");
 }
 
+bool Bound::admits(double value) const {
+  if (!std::isfinite(value) || (integer && value != std::floor(value))) return false;
+  return (low_open ? low < value : low <= value) && value <= high;
+}
+
+std::string Bound::words() const {
+  if (integer)
+    return "an integer in [" + std::to_string(static_cast<long long>(low)) + ", " +
+           std::to_string(static_cast<long long>(high)) + "]";
+  char text[64];
+  std::snprintf(text, sizeof text, "a finite number in %s%g, %g]", low_open ? "(" : "[", low, high);
+  return text;
+}
+
+std::string Bound::problem(const std::string& shown) const {
+  const std::string option = name == std::string("beam_size") ? "beam size" : name;
+  return option + " must be " + words() + ", got " + shown;
+}
+
+std::string number_text(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char text[40];
+  int digits = 1;  // the fewest significant digits that read back as `value`
+  for (; digits < 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*e", digits - 1, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  std::snprintf(text, sizeof text, "%.*e", digits - 1, value);
+  const int exponent = std::atoi(std::strchr(text, 'e') + 1);
+  if (exponent >= -4 && exponent < 16)  // where repr writes it without an exponent
+    std::snprintf(text, sizeof text, "%.*f", std::max(0, digits - 1 - exponent), value);
+  return text;
+}
+
 std::vector<std::string> option_problems(const DecodeOptions& o, bool given) {
   std::vector<std::string> out;
+  const Bounds& b = kBounds;
+  auto check = [&](const Bound& bound, double value, const std::string& shown) {
+    if (!bound.admits(value)) out.push_back(bound.problem(shown));
+  };
   const int beam = o.beam_size.value_or(1), n_best = o.n_best.value_or(1);
-  if (beam < 1) out.push_back("beam size must be an integer >= 1, got " + std::to_string(beam));
-  else if (n_best < 1 || n_best > beam)
-    out.push_back("n_best must be between 1 and the beam size " + std::to_string(beam) + ", got " +
-                  std::to_string(n_best));
-  if (!std::isfinite(o.length_penalty.value_or(1.0)))
-    out.push_back("length_penalty must be a finite number, got " + std::to_string(*o.length_penalty));
+  check(b.beam_size, beam, std::to_string(beam));
+  check(b.n_best, n_best, std::to_string(n_best));
+  check(b.length_penalty, o.length_penalty.value_or(1.0), number_text(o.length_penalty.value_or(1.0)));
+  if (o.max_new_tokens && !(given && *o.max_new_tokens == 0) && !b.max_new_tokens.admits(*o.max_new_tokens))
+    out.push_back("max_new_tokens must be " + b.max_new_tokens.words() + (given ? " or 0 (automatic)" : "") +
+                  ", got " + std::to_string(*o.max_new_tokens));
+  check(b.min_new_tokens, o.min_new_tokens.value_or(0), std::to_string(o.min_new_tokens.value_or(0)));
+  if (b.beam_size.admits(beam) && b.n_best.admits(n_best) && n_best > beam)
+    out.push_back("n_best must be at most the beam size " + std::to_string(beam) + ", got " + std::to_string(n_best));
   const std::string rule = o.beam_stop.value_or("n_best");
   if (rule != "n_best" && rule != "transformers" && rule != "ctranslate2")
     out.push_back("beam_stop must be one of n_best, transformers, ctranslate2, got '" + rule + "'");
-  if (o.max_new_tokens && *o.max_new_tokens < (given ? 0 : 1))
-    out.push_back("max_new_tokens must be an integer >= " + std::string(given ? "0 (0: automatic)" : "1") + ", got " +
-                  std::to_string(*o.max_new_tokens));
-  if (o.min_new_tokens.value_or(0) < 0)
-    out.push_back("min_new_tokens must be an integer >= 0, got " + std::to_string(*o.min_new_tokens));
   if (given && o.batch_size < 1) out.push_back("batch size must be at least 1, got " + std::to_string(o.batch_size));
   return out;
+}
+
+void check_options(const DecodeOptions& o, bool given) {
+  std::string message;
+  for (const std::string& p : option_problems(o, given)) message += (message.empty() ? "" : "; ") + p;
+  if (!message.empty()) throw Error("bad decoding options: " + message);
 }
 
 double pairwise_sum(const double* a, int64_t n) {
@@ -405,10 +451,7 @@ DecodeOptions with_defaults(const DecodeOptions& defaults, const DecodeOptions& 
   if (!o.min_new_tokens) o.min_new_tokens = defaults.min_new_tokens.value_or(0);
   if (!o.beam_stop) o.beam_stop = defaults.beam_stop.value_or("n_best");
   if (!o.replace_unknowns) o.replace_unknowns = defaults.replace_unknowns.value_or(false);
-  const std::vector<std::string> problems = detail::option_problems(o, true);
-  std::string message;
-  for (const std::string& p : problems) message += (message.empty() ? "" : "; ") + p;
-  if (!message.empty()) throw Error("bad decoding options: " + message);
+  detail::check_options(o, true);
   return o;
 }
 }  // namespace twostep

@@ -67,10 +67,49 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
                                                  BeamStop stop = BeamStop::n_best, const Progress& progress = {},
                                                  int min_new_tokens = 0);
 
-// What Python's DecodeOptions refuses in `o` (its messages; none: an empty list), the fields it leaves out taken as
-// twostep's defaults. `given`: a caller's options, where max_new_tokens 0 means automatic; else a manifest's
-// decoding section, where it is refused as Python refuses it.
+// The range a decoding option takes: `low` to `high`, both included (`low_open`: above `low`), an integer or a
+// finite number (Python's Bound).
+struct Bound {
+  const char* name;  // the option's (Python's DecodeOptions field)
+  double low, high;
+  bool integer = false, low_open = false;
+
+  bool admits(double value) const;
+  std::string words() const;  // "an integer in [1, 256]", "a finite number in [-10, 10]", "... in (0, 1]"
+  // Python's message for a value it does not admit, `shown` as it was given: "length_penalty must be a finite number
+  // in [-10, 10], got 700" (beam_size named "beam size").
+  std::string problem(const std::string& shown) const;
+};
+
+// Python's BOUNDS (twostep/runtime/decoding/options.py, whose comment says why each end is where it is), the same
+// numbers: change both together. Sampling's (temperature, top_k, top_p) only refuse a manifest that Python refuses:
+// this library does not sample (and so takes no seed).
+constexpr int kMaxNewTokens = 1 << 20;
+struct Bounds {
+  Bound beam_size, n_best, length_penalty, temperature, top_k, top_p, max_new_tokens, min_new_tokens;
+};
+inline constexpr Bounds kBounds = {
+    {"beam_size", 1, 256, true},
+    {"n_best", 1, 256, true},  // and at most beam_size
+    {"length_penalty", -10, 10},
+    {"temperature", 0.01, 100},
+    {"top_k", 0, 2147483647.0, true},
+    {"top_p", 0, 1, false, true},
+    {"max_new_tokens", 1, kMaxNewTokens, true},  // a caller's 0: automatic
+    {"min_new_tokens", 0, kMaxNewTokens, true},
+};
+
+// A number as Python's repr writes a float, less a trailing ".0" (700, 0.2, 1e-09, nan): the fewest digits that read
+// back as `value`.
+std::string number_text(double value);
+
+// What Python's DecodeOptions refuses in `o` (its messages; none: an empty list): a value outside kBounds, n_best
+// above the beam size, an unknown beam_stop; the fields it leaves out taken as twostep's defaults. `given`: a
+// caller's options, where max_new_tokens 0 means automatic; else a manifest's decoding section, or the values
+// Model::greedy and Model::beam_search take, refused as Python refuses them.
 std::vector<std::string> option_problems(const DecodeOptions& o, bool given);
+// option_problems' problems as one Error, "bad decoding options: " and each of them, "; " between; none: nothing.
+void check_options(const DecodeOptions& o, bool given);
 
 // numpy's float64 sum along a contiguous axis (pairwise, 8-way unrolled blocks of 128), so that
 // log-softmax rounds like the Python loop.

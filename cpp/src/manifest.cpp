@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -276,7 +277,8 @@ DecodeOptions read_decoding(const json& data, const std::string& where, bool& sa
       problem(key + " is " + found + " " + python_repr(value).substr(0, 40) + ", expected " + kind);
       continue;
     }
-    if (found == "int" && std::abs(value.get<double>()) > 1e9) {  // beyond C++'s int
+    // beyond the int DecodeOptions holds it in (top_k, which it does not hold, and the floats: their bounds, below)
+    if (kind == "int" && key != "top_k" && std::abs(value.get<double>()) > std::numeric_limits<int>::max()) {
       problem(key + " is " + value.dump().substr(0, 40) + ", out of range");
       continue;
     }
@@ -291,13 +293,13 @@ DecodeOptions read_decoding(const json& data, const std::string& where, bool& sa
   }
   if (!problems.empty())
     throw Error(where + ": malformed manifest (decoding: " + problems + "; known options: " + known + ")");
-  // The values, as DecodeOptions checks them; those of sampling too, which this library does not do.
+  // The values, as DecodeOptions checks them (detail::kBounds); those of sampling too, which this library does not do.
   std::vector<std::string> bad = detail::option_problems(out, false);
   if (samples && out.beam_size.value_or(1) > 1) bad.push_back("sampling and beam search exclude each other: choose one");
-  const double temperature = data.value("temperature", 1.0), top_p = data.value("top_p", 1.0);
-  if (temperature <= 0) bad.push_back("temperature must be positive, got " + data.at("temperature").dump());
-  if (!(top_p > 0 && top_p <= 1)) bad.push_back("top_p must be in (0, 1], got " + data.at("top_p").dump());
-  if (data.value("top_k", 0) < 0) bad.push_back("top_k must be an integer >= 0 (0: off), got " + data.at("top_k").dump());
+  const detail::Bounds& bounds = detail::kBounds;
+  for (const detail::Bound* bound : {&bounds.temperature, &bounds.top_k, &bounds.top_p})
+    if (data.contains(bound->name) && !bound->admits(data.at(bound->name).get<double>()))
+      bad.push_back(bound->problem(data.at(bound->name).dump()));
   std::string message;
   for (const std::string& b : bad) message += (message.empty() ? "" : "; ") + b;
   if (!message.empty()) throw Error(where + ": decoding: bad decoding options: " + message);

@@ -177,6 +177,9 @@ const std::string& Model::decoder() const { return impl_->decoder; }
 
 std::vector<Ids> Model::greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos,
                                const std::vector<Ids>& forced, int min_new_tokens) {
+  DecodeOptions o;
+  o.max_new_tokens = max_new_tokens, o.min_new_tokens = min_new_tokens;
+  detail::check_options(o, false);
   return ort_errors("greedy", [&] {
     return detail::greedy(*impl_->session, sources, impl_->specials(), max_new_tokens, suppress_eos, forced, {},
                           min_new_tokens);
@@ -187,6 +190,10 @@ std::vector<std::vector<Hypothesis>> Model::beam_search(const std::vector<Ids>& 
                                                         double length_penalty, int n_best, int max_new_tokens,
                                                         bool suppress_eos, const std::vector<Ids>& forced,
                                                         const std::string& beam_stop, int min_new_tokens) {
+  DecodeOptions o;
+  o.beam_size = beam_size, o.length_penalty = length_penalty, o.n_best = n_best, o.beam_stop = beam_stop;
+  o.max_new_tokens = max_new_tokens, o.min_new_tokens = min_new_tokens;
+  detail::check_options(o, false);
   const detail::BeamStop stop = detail::beam_stop(beam_stop);
   return ort_errors("beam search", [&] {
     return detail::beam_search(*impl_->session, sources, impl_->specials(), beam_size, length_penalty, n_best,
@@ -214,8 +221,10 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
     std::vector<Ids> batch;
     size_t longest = 0;
     for (size_t i = start; i < end; ++i) batch.push_back(sources[order[i]]), longest = std::max(longest, batch.back().size());
-    const int max_new = max_new_tokens ? max_new_tokens
-                                         : static_cast<int>(std::min<int64_t>(impl_->m.max_positions, 2 * longest + 16));
+    // The options' max_new_tokens, else 2 x the longest source + 16, capped by max_positions (Python's
+    // Translator.max_new_tokens): a decode that would outgrow the model ends there.
+    const int64_t wanted = max_new_tokens ? max_new_tokens : 2 * static_cast<int64_t>(longest) + 16;
+    const int max_new = static_cast<int>(std::min<int64_t>(impl_->m.max_positions, wanted));
     const std::vector<Ids> forced(forced_ids.empty() ? 0 : batch.size(), forced_ids);
     detail::Progress progress;  // a batch row's news, as the caller's sentence
     if (on_step)

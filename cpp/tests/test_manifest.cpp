@@ -595,7 +595,7 @@ TEST_CASE("the decoding section: an Argos package's defaults, under the options 
   given = {};
   given.n_best = 5, given.beam_stop = "fairseq";
   CHECK(error_of([&] { twostep::with_defaults(m.decoding, given); }) ==
-        "bad decoding options: n_best must be between 1 and the beam size 4, got 5; beam_stop must be one of n_best, "
+        "bad decoding options: n_best must be at most the beam size 4, got 5; beam_stop must be one of n_best, "
         "transformers, ctranslate2, got 'fairseq'");
 
   a.manifest["decoding"] = {{"max_new_tokens", nullptr}, {"length_penalty", 1}, {"sampling", false}};  // as Python
@@ -617,14 +617,31 @@ TEST_CASE("the decoding section: a bad one is one Error that names every problem
       {{{"beam_size", true}}, "decoding: beam_size is bool True, expected int"},
       {{{"replace_unknowns", 1}}, "decoding: replace_unknowns is int 1, expected bool"},
       {{{"length_penalty", "0.2"}}, "decoding: length_penalty is str '0.2', expected float"},
-      {{{"beam_size", 0}}, "decoding: bad decoding options: beam size must be an integer >= 1, got 0"},
+      {{{"beam_size", 0}}, "decoding: bad decoding options: beam size must be an integer in [1, 256], got 0"},
       {{{"beam_stop", "fairseq"}},
        "decoding: bad decoding options: beam_stop must be one of n_best, transformers, ctranslate2, got 'fairseq'"},
       {{{"beam_size", 2}, {"n_best", 3}, {"max_new_tokens", 0}, {"min_new_tokens", -1}},
-       "decoding: bad decoding options: n_best must be between 1 and the beam size 2, got 3; max_new_tokens must be "
-       "an integer >= 1, got 0; min_new_tokens must be an integer >= 0, got -1"},
+       "decoding: bad decoding options: max_new_tokens must be an integer in [1, 1048576], got 0; min_new_tokens must "
+       "be an integer in [0, 1048576], got -1; n_best must be at most the beam size 2, got 3"},
       {{{"sampling", true}, {"beam_size", 4}}, "sampling and beam search exclude each other: choose one"},
-      {{{"temperature", 0}}, "temperature must be positive, got 0"},
+      {{{"temperature", 0}},
+       "decoding: bad decoding options: temperature must be a finite number in [0.01, 100], got 0"},
+      // Python's BOUNDS: just outside each end, as the same messages (tests/cpp checks them against Python's)
+      {{{"length_penalty", 700}},
+       "decoding: bad decoding options: length_penalty must be a finite number in [-10, 10], got 700"},
+      {{{"length_penalty", -10.5}, {"beam_size", 257}, {"n_best", 0}},
+       "decoding: bad decoding options: beam size must be an integer in [1, 256], got 257; n_best must be an integer "
+       "in [1, 256], got 0; length_penalty must be a finite number in [-10, 10], got -10.5"},
+      {{{"max_new_tokens", 1048577}, {"min_new_tokens", 1048577}},
+       "max_new_tokens must be an integer in [1, 1048576], got 1048577; min_new_tokens must be an integer in "
+       "[0, 1048576], got 1048577"},
+      {{{"temperature", 100.5}, {"top_k", -1}, {"top_p", 0}},
+       "temperature must be a finite number in [0.01, 100], got 100.5; top_k must be an integer in [0, 2147483647], "
+       "got -1; top_p must be a finite number in (0, 1], got 0"},
+      {{{"temperature", 0.0099}, {"top_k", 2147483648}, {"top_p", 1.0001}},
+       "temperature must be a finite number in [0.01, 100], got 0.0099; top_k must be an integer in [0, 2147483647], "
+       "got 2147483648; top_p must be a finite number in (0, 1], got 1.0001"},
+      {{{"beam_size", 3000000000}}, "decoding: beam_size is 3000000000, out of range"},  // beyond int
   };
   for (const auto& [section, message] : cases) {
     Artifact a;
@@ -634,6 +651,87 @@ TEST_CASE("the decoding section: a bad one is one Error that names every problem
     CHECK_MESSAGE(contains(error, message), error);
     CHECK(!contains(error, "\n"));
   }
+}
+
+TEST_CASE("the decoding section: the ends of Python's BOUNDS are read") {
+  Artifact a;
+  for (const json& section : {
+           json{{"beam_size", 256}, {"n_best", 256}, {"length_penalty", -10}, {"max_new_tokens", 1048576},
+                {"min_new_tokens", 1048576}},
+           json{{"beam_size", 1}, {"n_best", 1}, {"length_penalty", 10.0}, {"max_new_tokens", 1},
+                {"min_new_tokens", 0}},
+           json{{"temperature", 0.01}, {"top_k", 2147483647}, {"top_p", 1}},
+           json{{"temperature", 100}, {"top_k", 0}, {"top_p", 1e-9}}}) {
+    a.manifest["decoding"] = section;
+    a.save();
+    CHECK_MESSAGE(error_of(a.dir).empty(), section.dump());
+  }
+}
+
+TEST_CASE("decoding options given: Python's BOUNDS, both ends taken, just outside each refused with its message") {
+  using Options = twostep::DecodeOptions;
+  auto with = [](const std::function<void(Options&)>& set) {
+    Options o;
+    set(o);
+    return error_of([&] { twostep::with_defaults({}, o); });
+  };
+  for (const auto& set : std::vector<std::function<void(Options&)>>{
+           [](Options& o) { o.beam_size = 256, o.n_best = 256, o.length_penalty = -10.0; },
+           [](Options& o) { o.beam_size = 1, o.n_best = 1, o.length_penalty = 10.0; },
+           [](Options& o) { o.max_new_tokens = 1048576, o.min_new_tokens = 1048576; },
+           [](Options& o) { o.max_new_tokens = 1, o.min_new_tokens = 0; },
+           [](Options& o) { o.max_new_tokens = 0; }})  // 0: automatic
+    CHECK(with(set).empty());
+  const std::string bad = "bad decoding options: ";
+  CHECK(with([](Options& o) { o.length_penalty = 700; }) ==
+        bad + "length_penalty must be a finite number in [-10, 10], got 700");
+  CHECK(with([](Options& o) { o.length_penalty = 10.000001; }) ==
+        bad + "length_penalty must be a finite number in [-10, 10], got 10.000001");
+  CHECK(with([](Options& o) { o.length_penalty = -10.5; }) ==
+        bad + "length_penalty must be a finite number in [-10, 10], got -10.5");
+  CHECK(with([](Options& o) { o.length_penalty = std::nan(""); }) ==
+        bad + "length_penalty must be a finite number in [-10, 10], got nan");
+  CHECK(with([](Options& o) { o.length_penalty = -INFINITY; }) ==
+        bad + "length_penalty must be a finite number in [-10, 10], got -inf");
+  CHECK(with([](Options& o) { o.beam_size = 257, o.n_best = 0; }) ==
+        bad + "beam size must be an integer in [1, 256], got 257; n_best must be an integer in [1, 256], got 0");
+  CHECK(with([](Options& o) { o.beam_size = 0, o.n_best = 257; }) ==
+        bad + "beam size must be an integer in [1, 256], got 0; n_best must be an integer in [1, 256], got 257");
+  CHECK(with([](Options& o) { o.beam_size = 100000; }) == bad + "beam size must be an integer in [1, 256], got 100000");
+  CHECK(with([](Options& o) { o.beam_size = 4, o.n_best = 5; }) ==
+        bad + "n_best must be at most the beam size 4, got 5");
+  CHECK(with([](Options& o) { o.max_new_tokens = 1048577, o.min_new_tokens = -1; }) ==
+        bad + "max_new_tokens must be an integer in [1, 1048576] or 0 (automatic), got 1048577; min_new_tokens must "
+              "be an integer in [0, 1048576], got -1");
+  CHECK(with([](Options& o) { o.max_new_tokens = -1, o.min_new_tokens = 1048577; }) ==
+        bad + "max_new_tokens must be an integer in [1, 1048576] or 0 (automatic), got -1; min_new_tokens must be an "
+              "integer in [0, 1048576], got 1048577");
+}
+
+// TWOSTEP_TEST_ARTIFACT: a model's artifact (tests/cpp/test_cpp.py passes one; skipped without)
+TEST_CASE("decoding options on a model: Model::greedy and beam_search refuse what decode_ids refuses" *
+          doctest::skip(!std::getenv("TWOSTEP_TEST_ARTIFACT"))) {
+  twostep::Model model = twostep::Model::load(std::getenv("TWOSTEP_TEST_ARTIFACT"), {1, "cpu"});
+  const std::vector<twostep::Ids> sources = {{7, 8, 9, model.manifest().eos_id}};
+  const std::string bad = "bad decoding options: ";
+  CHECK(error_of([&] { model.beam_search(sources, 257, 1.0, 1, 8); }) ==
+        bad + "beam size must be an integer in [1, 256], got 257");
+  CHECK(error_of([&] { model.beam_search(sources, 4, 700, 1, 8); }) ==
+        bad + "length_penalty must be a finite number in [-10, 10], got 700");
+  CHECK(error_of([&] { model.beam_search(sources, 4, -10.5, 5, 8); }) ==
+        bad + "length_penalty must be a finite number in [-10, 10], got -10.5; n_best must be at most the beam size 4, "
+              "got 5");
+  CHECK(error_of([&] { model.greedy(sources, 0); }) ==
+        bad + "max_new_tokens must be an integer in [1, 1048576], got 0");
+  CHECK(error_of([&] { model.greedy(sources, 8, false, {}, 1048577); }) ==
+        bad + "min_new_tokens must be an integer in [0, 1048576], got 1048577");
+  for (double length_penalty : {-10.0, 10.0}) {  // the ends: finite scores, best first
+    const auto hyps = model.beam_search(sources, 4, length_penalty, 4, 8)[0];
+    REQUIRE(hyps.size() == 4);
+    for (size_t i = 0; i < hyps.size(); ++i)
+      CHECK((std::isfinite(hyps[i].score) && (i == 0 || hyps[i].score <= hyps[i - 1].score)));
+  }
+  CHECK(model.beam_search(sources, 256, 1.0, 256, 2)[0].size() == 256);
 }
 
 TEST_CASE("tokenizer: trailing_space after each stretch of text that ends in whitespace") {

@@ -14,6 +14,7 @@ import pytest
 
 from cpp_helpers import CPP, stream_cpp
 from cpp_helpers import translate_cpp as translate
+from twostep.errors import BadArtifact, BadInput
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.translator import open_translator
 
@@ -264,6 +265,119 @@ def test_cpp_input_errors(cpp_build, demo_artifact, line, message):
     proc = translate(cpp_build, demo_artifact, [line], "--ids")
     assert proc.returncode == 1
     assert message in proc.stderr
+
+
+# Just outside each end of the decoding options' BOUNDS (twostep.runtime.decoding.options), as twostep-translate's
+# flags and as DecodeOptions' arguments.
+OUTSIDE_BOUNDS = [
+    (["--beam", 0], {"beam_size": 0}),
+    (["--beam", 257], {"beam_size": 257}),
+    (["--beam", 100000], {"beam_size": 100000}),
+    (["--beam", 4, "--n-best", 0], {"beam_size": 4, "n_best": 0}),
+    (["--beam", 256, "--n-best", 257], {"beam_size": 256, "n_best": 257}),
+    (["--beam", 4, "--n-best", 5], {"beam_size": 4, "n_best": 5}),
+    (["--length-penalty", -10.000001], {"length_penalty": -10.000001}),
+    (["--length-penalty", 10.000001], {"length_penalty": 10.000001}),
+    (["--length-penalty", 700], {"length_penalty": 700}),
+    (["--max-new-tokens", -1], {"max_new_tokens": -1}),
+    (["--max-new-tokens", 2**20 + 1], {"max_new_tokens": 2**20 + 1}),
+    (["--min-new-tokens", -1], {"min_new_tokens": -1}),
+    (["--min-new-tokens", 2**20 + 1], {"min_new_tokens": 2**20 + 1}),
+]
+
+
+@pytest.mark.parametrize("flags, python", OUTSIDE_BOUNDS, ids=lambda v: " ".join(map(str, v)) if
+                         isinstance(v, list) else None)
+def test_cpp_refuses_decoding_options_outside_pythons_bounds(cpp_build, tiny_artifact, flags, python):
+    """A value just outside its range is one line, Python's message, exit 1, before any input is read (a
+    max_new_tokens given to the C++ library may also be 0: automatic)."""
+    with pytest.raises(BadInput) as refused:
+        DecodeOptions(**python)
+    message = str(refused.value).replace("max_new_tokens must be an integer in [1, 1048576]",
+                                         "max_new_tokens must be an integer in [1, 1048576] or 0 (automatic)")
+    proc = translate(cpp_build, tiny_artifact[0], ["not ids"], "--ids", *flags)  # read, it would be an error
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: {message}\n")
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--beam", "99999999999", "an integer in [-2147483648, 2147483647]"),
+    ("--max-new-tokens", "-99999999999", "an integer in [-2147483648, 2147483647]"),
+    ("--n-best", "4.0", "an integer in [-2147483648, 2147483647]"),
+    ("--min-new-tokens", "", "an integer in [-2147483648, 2147483647]"),
+    ("--length-penalty", "1e400", "a finite number"),
+    ("--length-penalty", "nan", "a finite number"),
+    ("--length-penalty", "-inf", "a finite number"),
+    ("--length-penalty", "0.5x", "a finite number"),
+])
+def test_cpp_example_refuses_a_number_that_does_not_parse(cpp_build, tiny_artifact, flag, value, expected):
+    proc = translate(cpp_build, tiny_artifact[0], ["7 8 9 3"], "--ids", flag, value)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == f"error: {flag}: expected {expected}, got '{value}'\n"
+
+
+def test_cpp_refuses_a_decoding_section_outside_pythons_bounds_as_python_does(cpp_build, tiny_artifact, tmp_path):
+    """An artifact whose decoding defaults are out of range: Python's BadArtifact, the same line from C++."""
+    import json
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifact[0], art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    for decoding in ({"beam_size": 257, "n_best": 0, "length_penalty": -10.5},
+                     {"beam_size": 0, "length_penalty": 700, "max_new_tokens": 0, "min_new_tokens": 2**20 + 1},
+                     {"n_best": 257, "max_new_tokens": 2**20 + 1, "min_new_tokens": -1},
+                     {"sampling": True, "temperature": 0.0099, "top_k": -1, "top_p": 0},
+                     {"temperature": 100.5, "top_k": 2**31, "top_p": 1.5}):
+        (art / "manifest.json").write_text(json.dumps({**manifest, "decoding": decoding}))
+        with pytest.raises(BadArtifact) as refused:
+            open_translator(art, "ort-cpu")
+        proc = translate(cpp_build, art, ["7 8 9 3"], "--ids")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: {refused.value}\n"), decoding
+
+
+@pytest.mark.parametrize("options", [
+    {"beam_size": 4, "n_best": 4, "length_penalty": -10},
+    {"beam_size": 4, "n_best": 2, "length_penalty": 10},
+    {"beam_size": 256, "n_best": 256, "max_new_tokens": 3},
+    {"beam_size": 4, "max_new_tokens": 2**20, "min_new_tokens": 2**20},
+    {"max_new_tokens": 1, "min_new_tokens": 0},
+], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_cpp_decodes_at_the_ends_of_pythons_bounds_as_python_does(cpp_build, tiny_artifact, options):
+    """Values at the ends of their ranges decode, with Python's hypotheses and finite scores equal to Python's:
+    length_penalty -10 and 10 (scores of 1e15 and 1e-13 on the random model), a beam and n_best of 256, and 2^20 new
+    tokens at least and at most, where every hypothesis runs to max_positions."""
+    art, _ = tiny_artifact
+    rng = np.random.default_rng(7)
+    sources = [rng.integers(4, 50, int(n)).tolist() + [3] for n in rng.integers(0, 20, 12 if options.get(
+        "beam_size") != 256 else 3)]
+    translator, backend = open_translator(art, "ort-cpu", options=DecodeOptions(**options))
+    with backend:
+        python = translator.decode_ids(sources)
+    flags = {"beam_size": "--beam", "n_best": "--n-best", "length_penalty": "--length-penalty",
+             "max_new_tokens": "--max-new-tokens", "min_new_tokens": "--min-new-tokens"}
+    args = [arg for key, value in options.items() for arg in (flags[key], value)]
+    proc = translate(cpp_build, art, ids_lines(sources), "--ids", "--scores", *args)
+    assert proc.returncode == 0, proc.stderr
+    cpp = [[(h.split(" ", 1) + [""])[:2] for h in line.split("\t")] for line in proc.stdout.splitlines()]
+    assert_same("ids", [[" ".join(map(str, h.tokens)) for h in hyps] for hyps in python],
+                [[h[1] for h in hyps] for hyps in cpp])
+    scores = [[float(h[0]) for h in line] for line in cpp]
+    assert all(np.isfinite(s) for line in scores for s in line)
+    for hyps, line in zip(python, scores):
+        assert line == pytest.approx([h.score for h in hyps], rel=1e-12, abs=1e-12)
+    if options.get("min_new_tokens") == 2**20:
+        assert {len(hyps[0].tokens) for hyps in python} == {translator.limits.max_positions}
+    if options.get("beam_size") == 256:
+        assert {len(hyps) for hyps in python} == {256}
+
+
+def test_cpp_model_refuses_options_outside_the_bounds_in_its_one_batch_calls(cpp_build, tiny_artifact):
+    """cpp/tests/test_manifest.cpp's case on a real Model (skipped without TWOSTEP_TEST_ARTIFACT): Model::greedy and
+    Model::beam_search refuse what decode_ids refuses, and decode at the ends with finite scores."""
+    env = {**os.environ, "TWOSTEP_TEST_ARTIFACT": str(tiny_artifact[0])}
+    proc = subprocess.run([str(cpp_build / "twostep-tests"), "--test-case=decoding options on a model*"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"test cases:\s*1 \|\s*1 passed \|\s*0 failed", proc.stdout), proc.stdout
 
 
 def test_cpp_cuda_provider_on_a_cpu_build_is_one_clear_error(cpp_build, demo_artifact):

@@ -85,16 +85,17 @@ struct TokenizerSpec {
 
 // How to decode. The fields that may be left "not given" (std::nullopt) take the model's decoding defaults
 // (Manifest::decoding, the manifest's "decoding" section), else twostep's defaults (the values noted): Python's
-// with_defaults, where a given value always wins.
+// with_defaults, where a given value always wins. The ranges are Python's (twostep.runtime.decoding.options.BOUNDS:
+// where the arithmetic holds); a value outside its range is an Error, "bad decoding options: ..." (with_defaults).
 struct DecodeOptions {
-  std::optional<int> beam_size;  // 1: greedy (twostep's default)
-  std::optional<double> length_penalty;  // 1.0
-  std::optional<int> n_best;  // 1
-  // 0 or not given: the model's default, else min(max_positions, 2 * longest source in the batch + 16); as Python's
-  // None, a 0 given does not undo a default
+  std::optional<int> beam_size;  // [1, 256]; 1: greedy (twostep's default)
+  std::optional<double> length_penalty;  // [-10, 10]; 1.0
+  std::optional<int> n_best;  // [1, 256] and at most beam_size; 1
+  // [1, 2^20], capped by max_positions (as Python caps it). 0 or not given: the model's default, else 2 * longest
+  // source in the batch + 16; as Python's None, a 0 given does not undo a default
   std::optional<int> max_new_tokens;
   // eos is out of the logits (out of the softmax, never picked) until a sentence has generated this many tokens,
-  // forced ones included: CTranslate2's min_decoding_length (0)
+  // forced ones included: CTranslate2's min_decoding_length ([0, 2^20]; 0)
   std::optional<int> min_new_tokens;
   bool suppress_eos = false;  // never pick eos (fixed-length decoding, for benchmarks)
   int batch_size = 32;        // sentences are sorted by length and decoded this many at a time
@@ -254,8 +255,9 @@ class Model {
   // The graph it decodes with (Options::kv_cache): "decoder", or the in-place decoder's name ("decoder_inplace").
   const std::string& decoder() const;
 
-  // One batch as given (no sorting, no input checks beyond the model's limits). forced[i]: the ids forced on
-  // sentence i's decoder after its start id (empty, or fewer rows than sources: none).
+  // One batch as given (no sorting, no input checks beyond the model's limits), the options in DecodeOptions' ranges
+  // (max_new_tokens too: no automatic 0 here), else an Error. forced[i]: the ids forced on sentence i's decoder after
+  // its start id (empty, or fewer rows than sources: none).
   std::vector<Ids> greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos = false,
                           const std::vector<Ids>& forced = {}, int min_new_tokens = 0);
   std::vector<std::vector<Hypothesis>> beam_search(const std::vector<Ids>& sources, int beam_size,

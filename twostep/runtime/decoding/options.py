@@ -73,8 +73,8 @@ class Bound:
 
 
 MAX_NEW_TOKENS = 1 << 20  # a sentence's tokens: beam search divides by length ** length_penalty
-# The range of each option, one table for the CLI, the Python API and both HTTP APIs (the C++ library's
-# option_problems holds the same numbers). Where an end is not the option's own (top_p's 1), it is where the
+# The range of each option, one table for the CLI, the Python API and both HTTP APIs (the C++ library's kBounds,
+# cpp/src/decoding.h, holds the same numbers). Where an end is not the option's own (top_p's 1), it is where the
 # arithmetic stops being safe:
 # - length_penalty: a beam score is log-probability / length ** length_penalty in float64, as transformers and
 #   CTranslate2 compute it (parity keeps the formula). With a length of at most MAX_NEW_TOKENS = 2 ** 20 and
