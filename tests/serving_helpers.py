@@ -1,5 +1,6 @@
-"""A real `twostep serve` process on a free loopback port, for the serving tests: `server(...)`, `post(...)`, and
-`refused_start(...)` for one that must not start."""
+"""A real `twostep serve` process on a free loopback port, for the serving tests: `server(...)` (`serving(...)`
+for a command of one's own that serves as `twostep serve` does), `post(...)`, and `refused_start(...)` for one
+that must not start."""
 
 from __future__ import annotations
 
@@ -21,9 +22,17 @@ def server(art, *args, ready_s: float = 120, env: dict[str, str] | None = None, 
     """`twostep serve ART --port 0 ...` in its own process (`env`: added to the environment; `module`: the one
     run with -m, which runs twostep's CLI); yields (base URL, process), the process's output lines so far in
     `process.log` (all of them once the block has ended). Stopped with SIGTERM if still running."""
-    proc = subprocess.Popen([sys.executable, "-m", module, "serve", str(art), "--host", "127.0.0.1",
-                             "--port", "0", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    with serving([sys.executable, "-m", module, "serve", str(art), "--host", "127.0.0.1", "--port", "0",
+                  *map(str, args)], ready_s=ready_s, env=env) as served:
+        yield served
+
+
+@contextmanager
+def serving(command: list[str], ready_s: float = 120, env: dict[str, str] | None = None):
+    """`server` for a command of one's own that serves on 127.0.0.1 as `twostep serve` does (uvicorn's "Uvicorn
+    running on URL" once it listens)."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     lines: list[str] = []
     url = None
     deadline = time.monotonic() + ready_s

@@ -5,7 +5,8 @@ uvicorn), with Prometheus metrics.
 (twostep.serving.api.v1: POST /v1/translate, GET /v1/languages), LibreTranslate's (api.libretranslate: POST
 /translate, /detect, GET /languages, /frontend/settings, /health, /spec) and operations' (api.ops: GET /healthz,
 /readyz, /metrics), with the middleware they share (twostep.serving.middleware): API keys, per-API request
-metrics, draining, a log line per request. The API docs are at /docs and /openapi.json.
+metrics, draining, a log line per request, a JSON 500 for a bug. Every error of every API is {"error": ...}: the
+APIs' own, Starlette's (404, 405, a malformed form) and a bug's. The API docs are at /docs and /openapi.json.
 
 With API keys (`read_api_keys`) every path but /healthz, /readyz, the API docs, LibreTranslate's open ones and
 (unless `protect_metrics`) /metrics needs `Authorization: Bearer KEY`: 401 otherwise; LibreTranslate's /translate
@@ -30,10 +31,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import disable_created_metrics
+from starlette.exceptions import HTTPException
 from uvicorn.config import STARTUP_FAILURE
 
 from twostep.serving.api import libretranslate, ops, v1
-from twostep.serving.middleware import Drain, RequestLog, RequireKey
+from twostep.serving.middleware import Drain, RequestLog, RequireKey, ServerErrors
 from twostep.serving.models import Loader
 from twostep.serving.service import API_KEYS_ENV, ServeConfig, Service, error, read_api_keys
 
@@ -62,6 +64,12 @@ def build_app(config: ServeConfig, loader: Optional[Loader] = None) -> FastAPI:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors())
         return error(400, f"bad request: {problems}")
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        """Starlette's own refusals (no such path, a method the path does not take, a malformed form) in the
+        APIs' shape, {"error": ...}, with their headers (405's Allow)."""
+        return error(exc.status_code, refusal(request, exc), **(exc.headers or {}))
+
     # the last added is the outermost: the log and the metrics see every request, the 401s too
     if config.api_key_digests:
         open_paths = OPEN_PATHS | libretranslate.PATHS  # which take their key in the body too, and check it
@@ -70,7 +78,19 @@ def build_app(config: ServeConfig, loader: Optional[Loader] = None) -> FastAPI:
     app.add_middleware(Drain, draining=lambda: service.draining)
     app.add_middleware(RequestLog, apis={"/v1/translate": "v1", "/translate": "libretranslate"},
                        counter=service.metrics.requests, histogram=service.metrics.latency)
+    app.add_middleware(ServerErrors)
     return app
+
+
+def refusal(request: Request, exc: HTTPException) -> str:
+    """The message of one of Starlette's refusals: what was asked, and what the server takes instead."""
+    what = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        return f"not found: {what}; this server's paths are listed at /openapi.json (and /docs)"
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        return f"method not allowed: {what}; the path takes {allowed or 'other methods'}"
+    return str(exc.detail)
 
 
 class DrainingServer(uvicorn.Server):
@@ -109,8 +129,12 @@ class DrainingServer(uvicorn.Server):
 def serve(config: ServeConfig, host: str = "127.0.0.1", port: int = 8000, shutdown_delay_s: float = 0) -> None:
     """Run the server until SIGINT or SIGTERM; in-flight requests are answered before it exits. On SIGTERM,
     `shutdown_delay_s` of draining first (DrainingServer)."""
+    serve_app(build_app(config), host, port, shutdown_delay_s)
+
+
+def serve_app(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, shutdown_delay_s: float = 0) -> None:
+    """`serve` for an app that `build_app` made (with routes of one's own added, say)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = build_app(config)
     server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
                                            timeout_graceful_shutdown=60),
                             shutdown_delay_s, draining=lambda: setattr(app.state.service, "draining", True))
@@ -122,4 +146,4 @@ def serve(config: ServeConfig, host: str = "127.0.0.1", port: int = 8000, shutdo
         sys.exit(STARTUP_FAILURE)
 
 
-__all__ = ["API_KEYS_ENV", "ServeConfig", "build_app", "read_api_keys", "serve"]
+__all__ = ["API_KEYS_ENV", "ServeConfig", "build_app", "read_api_keys", "serve", "serve_app"]

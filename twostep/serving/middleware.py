@@ -1,7 +1,7 @@
 """The middleware every API of `twostep serve` shares, each plain ASGI (Starlette's BaseHTTPMiddleware costs a
-task and a stream per request, and reads bodies it need not): one log line per request, with each translation
-API's request count and latency (RequestLog), `Connection: close` while draining (Drain), and API keys
-(RequireKey, `known_key`)."""
+task and a stream per request, and reads bodies it need not): a JSON 500 for an unexpected exception, its
+traceback logged once (ServerErrors), one log line per request, with each translation API's request count and
+latency (RequestLog), `Connection: close` while draining (Drain), and API keys (RequireKey, `known_key`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,43 @@ from collections.abc import Callable, Mapping
 log = logging.getLogger("twostep.serving")
 
 
+def internal_error(exc: BaseException) -> str:
+    """What a client is told of an unexpected exception (a bug): its type, not its message, which may hold what
+    the server keeps to itself."""
+    return f"internal error: {type(exc).__name__} (a bug in the server; its log has the traceback)"
+
+
+class ServerErrors:
+    """A 500 `{"error": ...}` (internal_error) for an exception that escapes the app: a route's, an exception
+    handler's, or the middleware's inside this one (the outermost of ours); its traceback is logged here, once.
+    It is not raised on: Starlette's ServerErrorMiddleware would answer it in plain text (or, with an Exception
+    handler, still raise it again) and uvicorn would log its traceback a second time. An exception after the
+    response started (its body cut short) is logged, and the server closes the connection (uvicorn: "ASGI
+    callable returned without completing response"), so that a client never takes a cut body for a whole one."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            log.exception("%s %s failed: %s", scope["method"], scope["path"], internal_error(exc))
+            if not started:
+                from twostep.serving.service import error
+
+                await error(500, internal_error(exc))(scope, receive, send)
+
+
 def routed_path(scope) -> str:
     """The path as routed: under Ray Serve the app runs below a prefix (root_path)."""
     path, root = scope["path"], scope.get("root_path", "")
@@ -23,7 +60,8 @@ def routed_path(scope) -> str:
 class RequestLog:
     """One log line per HTTP request (method, path, status, milliseconds) and, for the paths of `apis` (path ->
     the translation API's label), its count by status and its latency (to the end of the body: a stream's last
-    event) in `counter` and `histogram`, labelled (api, status) and (api,); 499 for a client that went away first."""
+    event) in `counter` and `histogram`, labelled (api, status) and (api,); 499 for a client that went away first,
+    500 for an exception before the response started (ServerErrors, outside, answers it)."""
 
     def __init__(self, app, apis: Mapping[str, str], counter, histogram):
         self.app, self.apis, self.counter, self.histogram = app, apis, counter, histogram
@@ -32,7 +70,7 @@ class RequestLog:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         api = self.apis.get(routed_path(scope))
-        started, status = time.perf_counter(), [499 if api else 500]
+        started, status = time.perf_counter(), [None]
 
         async def sending(message):
             if message["type"] == "http.response.start":
@@ -41,7 +79,11 @@ class RequestLog:
 
         try:
             await self.app(scope, receive, sending)
+        except Exception:
+            status[0] = status[0] or 500
+            raise
         finally:
+            status[0] = status[0] or (499 if api else 500)
             seconds = time.perf_counter() - started
             if api is not None:
                 self.counter.labels(api, str(status[0])).inc()

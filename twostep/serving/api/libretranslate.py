@@ -19,8 +19,9 @@ back as it came. `source: auto` detects each text's language among those the ser
 detects one for a whole list: here each text has its own, so `detectedLanguage` is a list for a list). Errors are
 LibreTranslate's shape, {"error": message}, in its words where its tests assert them: 400 for a bad request (and,
 as LibreTranslate, for one over the size limits), 403 for an api_key that is not one of the server's, 429 while the
-queue is full, 503 while loading or shutting down; 405 for a wrong method. With API keys, /translate and /detect
-take the key as `api_key` or as the Bearer header; the other paths are open, as in LibreTranslate.
+queue is full, 503 while loading or shutting down; 405 for a wrong method; 500 for a bug. With API keys,
+/translate and /detect take the key as `api_key` or as the Bearer header; the other paths are open, as in
+LibreTranslate.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class Ask:
         source, target = language(body.get("source"), "source"), language(body.get("target"), "target")
         try:
             alternatives = max(0, int(body.get("alternatives") or 0))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400, which JSON reads as infinity
             raise BadInput("Invalid request: alternatives parameter is not a number") from None
         markup = body.get("format") or "text"
         if markup not in ("text", "html"):

@@ -9,7 +9,8 @@ A request goes to the model that has its pair, or through the pivot language (tw
 `src_lang: auto` detects each text's language (the answer's `detected`), its texts then routed by language.
 
 Bad JSON or fields: 400 {"error": ...}; too many sentences or characters, or too much work: 413; queue full or
-shutting down: 503 with Retry-After; a client gone before its answer: its rows leave the batch (499 logged).
+shutting down: 503 with Retry-After; a client gone before its answer: its rows leave the batch (499 logged); a
+bug: 500 {"error": ...} (twostep.serving.middleware.ServerErrors), or in a stream its `error` event.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -32,8 +34,11 @@ from twostep.errors import BadInput, TwostepError
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.documents import DocumentPlan
 from twostep.runtime.streaming import Delta, Event, SentenceDone, TextDone, TextEvents
+from twostep.serving.middleware import internal_error
 from twostep.serving.models import Catalog, Route, Unsupported, described
 from twostep.serving.service import FAILED, V1_REFUSED, Service, Translated, error, until_disconnected
+
+log = logging.getLogger("twostep.serving")
 
 
 class TranslateRequest(BaseModel):
@@ -171,10 +176,14 @@ async def events(stream: AsyncIterator[Event], plan: DocumentPlan, service: Serv
 
 
 async def sse_events(stream: AsyncIterator[Event], plan: DocumentPlan, service: Service) -> AsyncIterator[dict]:
+    """`events`' events. Any exception ends the stream with an `error` event: a refusal (TwostepError, raised while
+    decoding: an engine profile's limit, say) or a decode's fault (engine.Faulted, logged where it happened) in its
+    own words; anything else, a bug, with its traceback logged once here and its type told (internal_error). A
+    stream never just breaks off."""
     where = [(t, j) for t, doc in enumerate(plan.documents) for j in range(len(doc.sentences))]
     started, first = time.perf_counter(), True
-    async with contextlib.aclosing(stream):
-        try:
+    try:
+        async with contextlib.aclosing(stream):
             async for event in stream:
                 if first:
                     service.metrics.first_event.observe(time.perf_counter() - started)
@@ -189,9 +198,13 @@ async def sse_events(stream: AsyncIterator[Event], plan: DocumentPlan, service: 
                                            "hypotheses": [{"text": h, "score": s} for h, s in event.hypotheses]})
                 elif isinstance(event, TextDone):
                     yield sse("text", {"text": event.text, "translation": event.translation})
-        except FAILED as exc:  # raised while decoding: an engine profile's limit, a fault (logged where it happened)
-            yield sse("error", {"error": str(exc)})
-            return
+    except FAILED as exc:  # raised while decoding: an engine profile's limit, a fault (logged where it happened)
+        yield sse("error", {"error": str(exc)})
+        return
+    except Exception as exc:
+        log.exception("a stream failed: %s", internal_error(exc))
+        yield sse("error", {"error": internal_error(exc)})
+        return
     yield sse("end", {})
 
 
