@@ -114,7 +114,9 @@ def test_html_keeps_its_tags_and_translates_its_text(demo_server, reference):
     ({"q": "six", "format": "xml"}, 400, "xml format is not supported"),
     ({"q": "six", "source": ""}, 400, "missing source parameter"),
     ({"q": "six", "alternatives": "many"}, 400, "alternatives parameter is not a number"),
-    ({"q": "six", "alternatives": 40}, 400, "beam size 41 is above the limit"),
+    ({"q": "six", "alternatives": 40}, 400, "alternatives parameter must be <= 15 (a translation and its "
+     "alternatives are one beam search's best, and the server's beam limit is 16: twostep serve --max-beam and "
+     "--max-batch-rows)"),
     ({"q": ["six"] * 17}, 400, "17 sentences in one request; at most 16"),
     ({"q": "six " * 6000}, 400, "characters in one request; at most 20000"),
 ])

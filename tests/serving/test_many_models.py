@@ -83,6 +83,24 @@ def test_libretranslate_client_reaches_each_pair_and_the_pivot(many, reference):
     assert [hyps[0]["text"] for hyps in r.json()["translations"]] == [reference["de", "fr"][g] for g in GERMAN]
 
 
+def test_the_api_document_names_the_languages_a_request_may_name(many):
+    """A client generated from the document (an SDK, schemathesis) names only languages the server has: once the
+    models are open, the document enumerates them, as GET /languages and /v1/languages list them."""
+    url, _ = many
+    document = httpx.get(f"{url}/openapi.json", timeout=30).json()
+    listed = httpx.get(f"{url}/languages", timeout=30).json()
+    sources, targets = {"auto", *(lang["code"] for lang in listed)}, {t for lang in listed for t in lang["targets"]}
+    for content in document["paths"]["/translate"]["post"]["requestBody"]["content"].values():
+        codes = content["schema"]["properties"]
+        assert (set(codes["source"]["enum"]), set(codes["target"]["enum"])) == (sources, targets)
+    fields = document["components"]["schemas"]["TranslateRequest"]["properties"]
+    named = {name: next(b for b in fields[name]["anyOf"] if b.get("type") == "string")["enum"]
+             for name in ("src_lang", "tgt_lang")}
+    languages = httpx.get(f"{url}/v1/languages", timeout=30).json()
+    assert set(named["src_lang"]) == {"auto", *(s["code"] for s in languages["source"])}
+    assert set(named["tgt_lang"]) == {t["code"] for t in languages["target"]}
+
+
 def test_auto_detects_each_texts_language(many, reference):
     url, _ = many
     client = libretranslatepy.LibreTranslateAPI(url)

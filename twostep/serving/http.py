@@ -6,7 +6,8 @@ uvicorn), with Prometheus metrics.
 /translate, /detect, GET /languages, /frontend/settings, /health, /spec) and operations' (api.ops: GET /healthz,
 /readyz, /metrics), with the middleware they share (twostep.serving.middleware): API keys, per-API request
 metrics, draining, a log line per request, a JSON 500 for a bug. Every error of every API is {"error": ...}: the
-APIs' own, Starlette's (404, 405, a malformed form) and a bug's. The API docs are at /docs and /openapi.json.
+APIs' own, Starlette's (404, 405, a malformed form) and a bug's. The API docs are at /docs and /openapi.json
+(`api_document`: FastAPI's, with the server's ranges, bodies and languages).
 
 With API keys (`read_api_keys`) every path but /healthz, /readyz, the API docs, LibreTranslate's open ones and
 (unless `protect_metrics`) /metrics needs `Authorization: Bearer KEY`: 401 otherwise; LibreTranslate's /translate
@@ -19,6 +20,7 @@ in flight, and the lifespan closes the models. A second SIGTERM or Ctrl-C skips 
 
 from __future__ import annotations
 
+import copy
 import logging
 import signal
 import sys
@@ -70,6 +72,8 @@ def build_app(config: ServeConfig, loader: Optional[Loader] = None) -> FastAPI:
         APIs' shape, {"error": ...}, with their headers (405's Allow)."""
         return error(exc.status_code, refusal(request, exc), **(exc.headers or {}))
 
+    app.openapi = api_document(app, service)
+
     # the last added is the outermost: the log and the metrics see every request, the 401s too
     if config.api_key_digests:
         open_paths = OPEN_PATHS | libretranslate.PATHS  # which take their key in the body too, and check it
@@ -80,6 +84,48 @@ def build_app(config: ServeConfig, loader: Optional[Loader] = None) -> FastAPI:
                        counter=service.metrics.requests, histogram=service.metrics.latency)
     app.add_middleware(ServerErrors)
     return app
+
+
+def api_document(app: FastAPI, service: Service) -> Callable[[], dict]:
+    """The app's `openapi()`: FastAPI's document of the routes, with what FastAPI cannot know. Every error is
+    {"error": ...} (api.Error): a request FastAPI finds invalid is a 400, never its 422; any operation may answer
+    500 (a bug); with API keys, every path but the open ones 401. Each API states its own (`describe`): v1 its
+    options' ranges, LibreTranslate its bodies and languages. Made once before the models are open and once
+    after, when the language codes a request may name are known, and kept."""
+    generated = app.openapi  # FastAPI's, from the routes, made once
+    documents: dict[bool, dict] = {}
+
+    def openapi() -> dict:
+        ready = service.ready
+        if ready not in documents:
+            document = copy.deepcopy(generated())
+            schemas = document.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+            error = {"description": "Unexpected: a bug (the server's log has its traceback)",
+                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+            config = service.config
+            open_paths = OPEN_PATHS | ({"/metrics"} if not config.protect_metrics else set())
+            if config.api_key_digests:
+                document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            for path, operations in document["paths"].items():
+                for operation in operations.values():
+                    operation["responses"].pop("422", None)
+                    operation["responses"].setdefault("500", error)
+                    if not config.api_key_digests or path in open_paths:
+                        continue
+                    if path in libretranslate.PATHS:  # the key in the body (api_key) or the header
+                        operation["security"] = [{"bearer": []}, {}]
+                    else:
+                        operation["security"] = [{"bearer": []}]
+                        operation["responses"].setdefault("401", {**error, "description": "No key, or not one of "
+                                                                  "the server's: send Authorization: Bearer KEY"})
+            v1.describe(document, service)
+            libretranslate.describe(document, service)
+            documents[ready] = document
+        return documents[ready]
+
+    return openapi
 
 
 def refusal(request: Request, exc: HTTPException) -> str:

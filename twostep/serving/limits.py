@@ -80,6 +80,14 @@ class BatchLimits:
         return self.inflight and self.express_tokens > 0
 
     @property
+    def beam_limit(self) -> int:
+        """The widest beam a request may ask for: max_beam, at most max_batch_rows (the executor's admission
+        refuses wider) and the decoding options' own bound (BOUNDS)."""
+        from twostep.runtime.decoding.options import BOUNDS
+
+        return min(self.max_beam, self.max_batch_rows, int(BOUNDS["beam_size"].high))
+
+    @property
     def batching(self) -> str:
         """`inflight` as the command line and Ray's arguments spell it: inflight or static."""
         return next(name for name, inflight in BATCHING.items() if inflight == self.inflight)

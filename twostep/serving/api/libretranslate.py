@@ -21,7 +21,7 @@ LibreTranslate's shape, {"error": message}, in its words where its tests assert 
 as LibreTranslate, for one over the size limits), 403 for an api_key that is not one of the server's, 429 while the
 queue is full, 503 while loading or shutting down; 405 for a wrong method; 500 for a bug. With API keys,
 /translate and /detect take the key as `api_key` or as the Bearer header; the other paths are open, as in
-LibreTranslate.
+LibreTranslate. The API document states what /translate and /detect take, as JSON and as forms (`describe`).
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from fastapi.responses import JSONResponse, Response
 
 from twostep.errors import BadInput, Overloaded, TwostepError
 from twostep.runtime.markup import parse_html
+from twostep.serving.api import refusals
 from twostep.serving.engine import Faulted
 from twostep.serving.middleware import bearer_key, known_key
 from twostep.serving.models import Catalog, Route, Unsupported, described
-from twostep.serving.service import FAILED, NotReady, Refused, Service, Translated, error
+from twostep.serving.service import FAILED, NotReady, Refused, ServeConfig, Service, Translated, error
 
 PATHS = frozenset({"/translate", "/detect"})  # which check their key themselves (in the body, or the header)
 OPEN = frozenset({"/languages", "/frontend/settings", "/health", "/spec"})  # open on a server with keys, as LT's
@@ -130,13 +131,18 @@ class Ask:
     alternatives: int  # asked for: html answers an empty list each, as LibreTranslate
 
     @classmethod
-    def of(cls, body: dict) -> Ask:
+    def of(cls, body: dict, most_alternatives: int) -> Ask:
+        """`most_alternatives`: the server's limit (`alternatives_limit`), as LibreTranslate's --alternatives-limit."""
         texts, one = texts_of(body)
         source, target = language(body.get("source"), "source"), language(body.get("target"), "target")
         try:
             alternatives = max(0, int(body.get("alternatives") or 0))
         except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400, which JSON reads as infinity
             raise BadInput("Invalid request: alternatives parameter is not a number") from None
+        if alternatives > most_alternatives:
+            raise BadInput(f"Invalid request: alternatives parameter must be <= {most_alternatives} (a translation "
+                           "and its alternatives are one beam search's best, and the server's beam limit is "
+                           f"{most_alternatives + 1}: twostep serve --max-beam and --max-batch-rows)")
         markup = body.get("format") or "text"
         if markup not in ("text", "html"):
             raise BadInput(f"{markup} format is not supported")
@@ -151,6 +157,69 @@ class Ask:
         """What text i's language is detected from, and whether it has anything to translate: its text nodes for
         html."""
         return " ".join(self.fragments[i].sources()) if self.fragments else self.texts[i]
+
+
+def alternatives_limit(config: ServeConfig) -> int:
+    """The most alternatives a request may ask for: a translation and its alternatives are one beam's best, and a
+    beam is at most the server's beam limit (BatchLimits.beam_limit)."""
+    return config.limits.beam_limit - 1
+
+
+def request_bodies(config: ServeConfig) -> tuple[dict, dict]:
+    """The request bodies of /translate and /detect: a JSON object, or a form (urlencoded or multipart), whose q is
+    one text (a form's only kind) or a list; the size limits are the server's (its max_chars, max_sentences)."""
+    def text(**limits) -> dict:
+        return {"type": "string", "maxLength": config.max_chars, **limits}
+
+    def q(most: int | None) -> dict:
+        texts = {"type": "array", "minItems": 1, "items": text(), **({"maxItems": most} if most else {})}
+        return {"anyOf": [text(minLength=1), texts], "description": "A text, or a list of texts (each a document; "
+                "all of them together at most the server's characters a request, the charLimit of "
+                "/frontend/settings)."}
+
+    api_key = {"type": "string", "description": "One of the server's API keys, where it has them (or send "
+               "Authorization: Bearer KEY)."}
+    code = {"type": "string", "pattern": r"\S", "description": "A language code of GET /languages (any case), "
+            "or LibreTranslate's zt (zh-Hant) and pb (pt-BR)."}
+    translate = {"q": q(config.max_sentences), "source": {**code, "description": code["description"] + " auto: "
+                 "each text's, detected (the answer's detectedLanguage)."}, "target": code,
+                 "format": {"type": "string", "enum": ["text", "html"], "default": "text", "description": "html: "
+                            "the text nodes are translated, the tags kept."},
+                 "alternatives": {"type": "integer", "minimum": 0, "maximum": alternatives_limit(config),
+                                  "default": 0, "description": "How many other translations to answer (none for "
+                                  "html)."},
+                 "api_key": api_key}
+    detect = {"q": q(None), "api_key": api_key}
+
+    def body(fields: dict, required: list[str]) -> dict:
+        form = {"type": "object", "properties": {**fields, "q": fields["q"]["anyOf"][0]}, "required": required}
+        return {"required": True, "content": {
+            "application/json": {"schema": {"type": "object", "properties": fields, "required": required}},
+            "application/x-www-form-urlencoded": {"schema": form}, "multipart/form-data": {"schema": form}}}
+
+    return body(translate, ["q", "source", "target"]), body(detect, ["q"])
+
+
+def describe(document: dict, service: Service) -> None:
+    """State in the API document (twostep.serving.http's) what /translate and /detect take, which FastAPI cannot
+    see (their routes parse their bodies themselves, in `fields`): `request_bodies`; once the models are open, the
+    language codes /translate takes: each side's standard tags (as GET /languages lists them), LibreTranslate's
+    aliases of them, and auto for a source where the server detects; any code on a side where a one-model
+    server's model names no languages (it translates its one pair whatever the code says)."""
+    paths = document["paths"]
+    paths["/translate"]["post"]["requestBody"], paths["/detect"]["post"]["requestBody"] = \
+        request_bodies(service.config)
+    if not service.ready:
+        return
+    catalog = service.running()
+    for side in ("source", "target"):
+        tags = {m.names[c] for m in catalog.models for c in (m.sources if side == "source" else m.targets)}
+        if not tags:
+            continue
+        codes = tags | {alias for alias, tag in ALIASES.items() if tag in tags}
+        codes |= {"auto"} if side == "source" else set()
+        for content in paths["/translate"]["post"]["requestBody"]["content"].values():
+            content["schema"]["properties"][side] = {**content["schema"]["properties"][side], "enum": sorted(codes)}
 
 
 def languages_of(service: Service) -> list[dict]:
@@ -178,8 +247,21 @@ def settings_of(service: Service) -> dict:
                          "target": {"code": target, "name": described(target)["name"] or target}}}
 
 
+DETECTED = {"type": "object", "properties": {"confidence": {"type": "number", "description": "0-100"},
+                                             "language": {"type": "string"}}}
+
+
+def answers(schema: dict, refused: dict[int, str] | None = None) -> dict:
+    """A route's `responses`: its answer's JSON schema, and its refusals."""
+    return {200: {"content": {"application/json": {"schema": schema}}}, **refusals(refused or {})}
+
+
 def router(service: Service) -> APIRouter:
     routes = APIRouter(tags=["LibreTranslate"])
+    most_alternatives = alternatives_limit(service.config)
+    loading = {503: "Loading or shutting down; see Retry-After"}
+    refused = {400: "A bad request, or one over the size limits", 403: "An api_key that is not one of the "
+               "server's", 429: "The queue is full; see Retry-After", **loading}
 
     def described_by(of):
         """What `of(service)` says of the server, or the refusal while it loads or shuts down."""
@@ -188,23 +270,27 @@ def router(service: Service) -> APIRouter:
         except TwostepError as exc:
             return REFUSED.response(service, exc)
 
-    @routes.get("/languages")
+    @routes.get("/languages", responses=answers({"type": "array", "items": {"type": "object", "properties": {
+        "code": {"type": "string"}, "name": {"type": "string"},
+        "targets": {"type": "array", "items": {"type": "string"}}}}}, loading))
     async def languages():
         return described_by(languages_of)
 
-    @routes.get("/frontend/settings")
+    @routes.get("/frontend/settings", responses=answers({"type": "object"}, loading))
     async def frontend_settings():
         return described_by(settings_of)
 
-    @routes.get("/health")
+    @routes.get("/health", responses=answers({"type": "object", "properties": {"status": {"type": "string"}}}))
     async def health():
         return {"status": "ok"}
 
-    @routes.get("/spec")
+    @routes.get("/spec", responses=answers({"type": "object", "description": "This OpenAPI document"}))
     async def spec(request: Request):
         return request.app.openapi()
 
-    @routes.post("/detect")
+    @routes.post("/detect",
+                  responses=answers({"type": "array", "items": DETECTED, "description": "Best first"},
+                                    {status: refused[status] for status in (400, 403, 503)}))
     async def detect(request: Request):
         try:
             body = await fields(request)
@@ -218,12 +304,17 @@ def router(service: Service) -> APIRouter:
             return REFUSED.response(service, exc)
         return JSONResponse(ranked_languages(found, service.running().source_tags()))
 
-    @routes.post("/translate")
+    @routes.post("/translate", responses=answers({
+        "type": "object", "required": ["translatedText"], "properties": {
+            "translatedText": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "alternatives": {"type": "array", "items": {"anyOf": [{"type": "string"},
+                                                                  {"type": "array", "items": {"type": "string"}}]}},
+            "detectedLanguage": {"anyOf": [DETECTED, {"type": "array", "items": DETECTED}]}}}, refused))
     async def translate(request: Request):
         try:
             body = await fields(request)
             check_key(service, request, body)
-            ask = Ask.of(body)
+            ask = Ask.of(body, most_alternatives)
             service.check_size(ask.texts)
             groups, detected = await plan(ask)
         except KeyRefused as exc:

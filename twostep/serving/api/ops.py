@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from twostep.serving.api import refusals
 from twostep.serving.service import Service, error
 
 
@@ -17,7 +18,7 @@ def router(service: Service) -> APIRouter:
     async def healthz():
         return {"status": "alive"}
 
-    @routes.get("/readyz")
+    @routes.get("/readyz", responses=refusals({503: "Loading or draining"}))
     async def readyz():
         if not service.ready:
             return error(503, "not ready")
@@ -25,7 +26,9 @@ def router(service: Service) -> APIRouter:
             return error(503, "draining: shutting down soon")
         return {"status": "ready", "backend": service.backend_name}
 
-    @routes.get("/metrics")
+    @routes.get("/metrics", response_class=Response,
+                responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                 "description": "Prometheus' text format"}})
     async def metrics():
         return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 

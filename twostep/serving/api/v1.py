@@ -10,7 +10,8 @@ A request goes to the model that has its pair, or through the pivot language (tw
 
 Bad JSON or fields: 400 {"error": ...}; too many sentences or characters, or too much work: 413; queue full or
 shutting down: 503 with Retry-After; a client gone before its answer: its rows leave the batch (499 logged); a
-bug: 500 {"error": ...} (twostep.serving.middleware.ServerErrors), or in a stream its `error` event.
+bug: 500 {"error": ...} (twostep.serving.middleware.ServerErrors), or in a stream its `error` event. The API
+document states each option's range and the languages a request may name (`describe`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from sse_starlette import EventSourceResponse
 from twostep.artifact.tokenizer import MissingLanguage
 from twostep.errors import BadInput, TwostepError
 from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.decoding.options import BEAM_STOPS, BOUNDS
 from twostep.runtime.documents import DocumentPlan
 from twostep.runtime.streaming import Delta, Event, SentenceDone, TextDone, TextEvents
+from twostep.serving.api import refusals
 from twostep.serving.middleware import internal_error
 from twostep.serving.models import Catalog, Route, Unsupported, described
 from twostep.serving.service import FAILED, V1_REFUSED, Service, Translated, error, until_disconnected
@@ -44,22 +47,31 @@ log = logging.getLogger("twostep.serving")
 class TranslateRequest(BaseModel):
     """Sentences as text, or as token ids (each ending with eos), and how to decode them."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [  # exactly one of text and ids
+        {"required": ["text"], "properties": {"text": {"type": "array"}}},
+        {"required": ["ids"], "properties": {"ids": {"type": "array"}}}]})
     text: Optional[list[str]] = Field(None, description="Texts to translate: each a document, split into sentences "
-                                      "(unless split is false), or a sentence.")
-    ids: Optional[list[list[int]]] = Field(None, description="Token ids instead of text, each ending with eos.")
+                                      "(unless split is false), or a sentence; each with something besides white "
+                                      "space. All of them together hold at most the server's characters a request "
+                                      "(maxLength), and at most its sentences a request (maxItems; 413 beyond).")
+    ids: Optional[list[list[int]]] = Field(None, description="Token ids instead of text, each ending with eos, "
+                                           "within the model's vocabulary and max_positions.")
     stream: bool = Field(False, description="Answer with server-sent events (text/event-stream) as the sentences "
                          "decode: delta (greedy, sampling), sentence, text, then end (or error).")
     split: bool = Field(True, description="Split each text into sentences, translate them as rows of the batch and "
                         "join them with the text's own whitespace and line breaks; false: each text is one sentence.")
     # Decoding options: each one left out (or null) is the model's default (its manifest's decoding section),
-    # else twostep's (shown)
-    beam: Optional[int] = Field(None, description="Beam size; 1 (greedy) unless the model says otherwise.")
-    n_best: Optional[int] = Field(None, description="Hypotheses per text (1).")
+    # else twostep's (shown). Their ranges are the API document's (`describe`), checked by DecodeOptions and the
+    # server's admission, whose messages say what was got and what is allowed.
+    beam: Optional[int] = Field(None, description="Beam size; 1 (greedy) unless the model says otherwise. At most "
+                                "the server's max_beam and max_batch_rows.")
+    n_best: Optional[int] = Field(None, description="Hypotheses per text (1); at most the beam size.")
     length_penalty: Optional[float] = Field(None, description="Beam scores: log-probability / length ** this (1.0).")
-    max_new_tokens: Optional[int] = Field(None, description="Default: 2 x source length + 16.")
+    max_new_tokens: Optional[int] = Field(None, description="Default: 2 x source length + 16. At most the server's "
+                                          "max_new_tokens and the model's max_positions.")
     min_new_tokens: Optional[int] = Field(None, description="No eos before this many tokens (0).")
-    sampling: Optional[bool] = Field(None, description="Sample instead of searching (false).")
+    sampling: Optional[bool] = Field(None, description="Sample instead of searching (false); not with a beam above "
+                                     "1.")
     temperature: Optional[float] = Field(None, description="Sampling temperature (1.0).")
     top_k: Optional[int] = Field(None, description="Sample from the k most likely tokens (0: all).")
     top_p: Optional[float] = Field(None, description="Sample from the smallest set of tokens of this mass (1.0).")
@@ -74,10 +86,13 @@ class TranslateRequest(BaseModel):
                                              "otherwise, as an Argos package does).")
     src_lang: Optional[str] = Field(None, description="Source language: the model's code (M2M100: en; NLLB: "
                                     "eng_Latn; mBART-50: en_XX) or a standard one (en, eng, en-US); auto: each "
-                                    "text's, detected (the answer's `detected`).")
+                                    "text's, detected (the answer's `detected`). The API document of a running "
+                                    "server lists its models' codes and standard tags (GET /v1/languages); other "
+                                    "spellings of a standard code are taken too. Null only, for a model that names "
+                                    "no source languages.")
     tgt_lang: Optional[str] = Field(None, description="Target language: the model's code (M2M100: fr; NLLB: "
                                     "fra_Latn; mBART-50: fr_XX; Marian: fra for >>fra<<) or a standard one (fr, "
-                                    "fra, fr-FR).")
+                                    "fra, fr-FR), listed as src_lang's are.")
 
     def options(self, translator, last: bool = True) -> DecodeOptions:
         """The request's options over the model's defaults (translator: a BatchingTranslator); a pivot's first leg
@@ -212,12 +227,119 @@ def sse(event: str, data: dict) -> dict:
     return {"event": event, "data": json.dumps(data, ensure_ascii=False)}
 
 
+def event_schema(name: str, fields: dict[str, dict], description: str) -> dict:
+    """One kind of `events`' server-sent events, as JSON Schema describes an event of a text/event-stream (its
+    fields event and data; data a JSON object of `fields`)."""
+    return {"type": "object", "required": ["event", "data"], "description": description, "properties": {
+        "event": {"const": name},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"type": "object", "required": list(fields), "properties": fields}}}}
+
+
+INDEX, TEXT, SCORE = {"type": "integer", "minimum": 0}, {"type": "string"}, {"type": "number"}
+STREAM_EVENT = {"oneOf": [  # `events`
+    event_schema("delta", {"text": INDEX, "sentence": INDEX, "delta": TEXT},
+                 "A sentence's translation grows (greedy search, sampling)"),
+    event_schema("sentence", {"text": INDEX, "sentence": INDEX, "translation": TEXT, "score": SCORE, "hypotheses": {
+        "type": "array", "items": {"type": "object", "properties": {"text": TEXT, "score": SCORE}}}},
+        "A sentence is done"),
+    event_schema("text", {"text": INDEX, "translation": TEXT}, "A text's sentences are all done"),
+    event_schema("end", {}, "The last event"),
+    event_schema("error", {"error": TEXT}, "The last event of a stream that failed")]}
+
+
+FIELDS = {"beam_size": "beam"}  # the request's names for DecodeOptions' fields that it spells otherwise
+
+
+def option_ranges(service: Service) -> dict[str, dict]:
+    """Each bounded decoding option's range as JSON Schema states it, by request field: its BOUNDS, narrowed by
+    the server's own limits: beam and n_best by the beam limit (BatchLimits.beam_limit), max_new_tokens by
+    `new_tokens_limit`."""
+    tighter = {"beam_size": service.config.limits.beam_limit, "n_best": service.config.limits.beam_limit,
+               "max_new_tokens": new_tokens_limit(service)}
+    out = {}
+    for name, bound in BOUNDS.items():
+        high = bound.high if tighter.get(name) is None else min(bound.high, tighter[name])
+        out[FIELDS.get(name, name)] = {"exclusiveMinimum" if bound.low_open else "minimum": bound.low, "maximum": high}
+    return out
+
+
+def model_limits(service: Service) -> list | None:
+    """The limits of every model's translator (twostep.runtime.translator's Limits: max_positions, vocab_size),
+    once the server runs with all of them loaded; None before, or while some are not (max_loaded, Ray's loader)."""
+    pool, catalog = service.pool, service.catalog
+    if not service.ready or pool is None or catalog is None or len(pool.loaded) != len(catalog.models):
+        return None
+    return [entry.translator.translator.limits for entry in pool.loaded.values()]
+
+
+def new_tokens_limit(service: Service) -> int | None:
+    """The most new tokens a sentence may ask for: the server's max_new_tokens, at most a model's max_positions
+    and its engine profile's target positions (the most of them, each model refusing beyond its own) where they
+    are known (model_limits); None: no limit but BOUNDS'."""
+    limits, models = service.config.limits, model_limits(service)
+    if models:
+        return max(min(limits.new_tokens(model.max_positions), model.target_positions) for model in models)
+    return limits.max_new_tokens
+
+
+def request_codes(catalog: Catalog, side: str) -> list[str]:
+    """The language codes a request may name on `side` ("source", "target"): each model's own and their standard
+    tags, and auto for a source where the server detects languages; none where a one-model server's model names
+    no languages on that side (it takes no code there)."""
+    codes = {"auto"} if side == "source" and catalog.source_tags() else set()
+    for m in catalog.models:
+        own = m.sources if side == "source" else m.targets
+        codes |= {*own, *(m.names[c] for c in own)}
+    return sorted(codes)
+
+
+def describe(document: dict, service: Service) -> None:
+    """State in the API document (twostep.serving.http's) what TranslateRequest's schema cannot know: each
+    decoding option's range (`option_ranges`) and beam_stop's choices; text's and ids' sizes (the server's
+    max_sentences and max_chars; the models' vocabulary and max_positions once known); once the models are open,
+    the language codes a request may name."""
+    config = service.config
+    fields = document["components"]["schemas"]["TranslateRequest"]["properties"]
+    for name, constraints in option_ranges(service).items():
+        narrow(fields[name], constraints)
+    narrow(fields["beam_stop"], {"enum": list(BEAM_STOPS)})
+    narrow(fields["text"], {"maxItems": config.max_sentences,
+                            "items": {"type": "string", "pattern": r"\S", "maxLength": config.max_chars}})
+    models = model_limits(service)
+    token = {"type": "integer", "minimum": 0, **({"maximum": max(m.vocab_size for m in models) - 1} if models else {})}
+    positions = max(m.max_positions for m in models) if models else config.max_chars
+    narrow(fields["ids"], {"maxItems": config.max_sentences,
+                           "items": {"type": "array", "minItems": 1, "maxItems": min(positions, config.max_chars),
+                                     "items": token}})
+    if service.ready:
+        for name, side in (("src_lang", "source"), ("tgt_lang", "target")):
+            codes = request_codes(service.catalog, side)
+            if codes:
+                narrow(fields[name], {"enum": codes})
+            else:
+                fields[name]["anyOf"] = [{"type": "null"}]
+
+
+def narrow(field: dict, constraints: dict) -> None:
+    """Add JSON Schema `constraints` to a field of pydantic's schema: to its branch that is not null where the
+    field is Optional (anyOf [X, null])."""
+    for branch in field.get("anyOf", [field]):
+        if branch.get("type") != "null":
+            branch.update(constraints)
+
+
 def router(service: Service) -> APIRouter:
     routes = APIRouter(prefix="/v1", tags=["twostep"])
 
     @routes.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
-                 responses={400: {"description": "Bad JSON, fields or input"}, 413: {"description": "Too large"},
-                            503: {"description": "Queue full or shutting down; see Retry-After"}})
+                 responses={200: {"content": {"text/event-stream": {"schema": STREAM_EVENT}},
+                                  "description": "The translations; with stream, server-sent events as they decode: "
+                                  "delta, sentence, text, then end (or error)"},
+                            **refusals({400: "Bad JSON, fields or input", 413: "Too large: more sentences or "
+                                        "characters than the server takes, or too much work (sentences x beam x "
+                                        "new tokens)", 503: "Loading, queue full or shutting down; see "
+                                        "Retry-After"})})
     async def translate(body: TranslateRequest, request: Request):
         if (body.text is None) == (body.ids is None):
             return error(400, "bad request: give either text or ids")
@@ -295,7 +417,7 @@ def router(service: Service) -> APIRouter:
             if entry is not None:
                 service.pool.release(entry)
 
-    @routes.get("/languages")
+    @routes.get("/languages", responses=refusals({503: "Loading or shutting down; see Retry-After"}))
     async def languages():
         try:
             return language_list(service.running())

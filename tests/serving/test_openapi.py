@@ -1,0 +1,76 @@
+"""The API document (/openapi.json, and LibreTranslate's /spec, which answers it) tells the truth, on a real
+`twostep serve`: each decoding option's range is the server's (BOUNDS, narrowed by its flags and its model),
+LibreTranslate's request bodies are stated, every error is documented as {"error": ...}."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serving tests need httpx (pip install -e '.[dev]')")
+pytest.importorskip("fastapi", reason="serving needs its extra (pip install -e '.[serve]')")
+
+from serving_helpers import server  # noqa: E402
+from twostep.artifact import load_artifact  # noqa: E402
+from twostep.runtime.decoding.options import BOUNDS  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# the server's own limits, below BOUNDS and the defaults: the document must state these
+MAX_BEAM, MAX_NEW_TOKENS, MAX_SENTENCES, MAX_CHARS = 4, 40, 8, 2000
+
+
+@pytest.fixture(scope="module")
+def documented(demo_artifact):
+    with server(demo_artifact, "--max-beam", MAX_BEAM, "--max-new-tokens", MAX_NEW_TOKENS, "--max-sentences",
+                MAX_SENTENCES, "--max-chars", MAX_CHARS) as (url, proc):
+        yield url, proc
+
+
+def field(properties: dict, name: str) -> dict:
+    """A request field's schema where it is given: pydantic's Optional[X] is anyOf [X, null]."""
+    return next(branch for branch in properties[name].get("anyOf", [properties[name]]) if branch.get("type") != "null")
+
+
+def test_the_document_states_the_servers_ranges_bodies_and_errors(documented, demo_artifact):
+    url, _ = documented
+    document = httpx.get(f"{url}/openapi.json", timeout=30).json()
+    assert httpx.get(f"{url}/spec", timeout=30).json() == document
+    fields = document["components"]["schemas"]["TranslateRequest"]["properties"]
+    tighter = {"beam_size": MAX_BEAM, "n_best": MAX_BEAM, "max_new_tokens": MAX_NEW_TOKENS}
+    for name, bound in BOUNDS.items():
+        low = {"exclusiveMinimum" if bound.low_open else "minimum": bound.low}
+        assert field(fields, {"beam_size": "beam"}.get(name, name)) == {
+            "type": "integer" if bound.integer else "number", **low, "maximum": tighter.get(name, bound.high)}, name
+    config = load_artifact(demo_artifact, check_hashes=False).config
+    assert field(fields, "text") == {"type": "array", "maxItems": MAX_SENTENCES,
+                                     "items": {"type": "string", "pattern": r"\S", "maxLength": MAX_CHARS}}
+    assert field(fields, "ids")["items"] == {"type": "array", "minItems": 1, "maxItems": config.max_positions,
+                                             "items": {"type": "integer", "minimum": 0,
+                                                       "maximum": config.src_vocab_size - 1}}
+    assert fields["src_lang"]["anyOf"] == fields["tgt_lang"]["anyOf"] == [{"type": "null"}]  # the demo names none
+    # LibreTranslate's bodies, which its routes parse themselves: JSON, and forms of one text
+    body = document["paths"]["/translate"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "application/x-www-form-urlencoded", "multipart/form-data"}
+    assert body["application/json"]["schema"]["required"] == ["q", "source", "target"]
+    q = body["application/json"]["schema"]["properties"]["q"]["anyOf"]
+    assert q[1]["maxItems"] == MAX_SENTENCES and q[0]["maxLength"] == MAX_CHARS
+    assert body["multipart/form-data"]["schema"]["properties"]["q"] == q[0]
+    assert body["application/x-www-form-urlencoded"]["schema"]["properties"]["alternatives"]["maximum"] == \
+        MAX_BEAM - 1  # a translation and its alternatives are one beam's best
+    assert set(document["paths"]["/detect"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+        "properties"]) == {"q", "api_key"}
+    # every error is {"error": ...}, a 500 (a bug) on every operation too; FastAPI's 422 is never answered
+    assert document["components"]["schemas"]["Error"]["properties"] == {"error": {
+        "type": "string", "title": "Error", "description": "What went wrong, and what to do about it."}}
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert "422" not in responses, (method, path)
+            errors = {status: r["content"]["application/json"]["schema"] for status, r in responses.items()
+                      if int(status) >= 400}
+            assert "500" in errors and set(map(json.dumps, errors.values())) == \
+                {json.dumps({"$ref": "#/components/schemas/Error"})}, (method, path, errors)
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+
