@@ -1,15 +1,21 @@
 """The API document (/openapi.json, and LibreTranslate's /spec, which answers it) tells the truth, on a real
 `twostep serve`: each decoding option's range is the server's (BOUNDS, narrowed by its flags and its model),
-LibreTranslate's request bodies are stated, every error is documented as {"error": ...}."""
+LibreTranslate's request bodies are stated, every error is documented as {"error": ...}. And schemathesis, driving
+both APIs from that document with a fixed seed, finds no server error, no answer the document does not describe,
+and no operation that refuses what the document calls valid (its "schema validation mismatch" warning)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
 httpx = pytest.importorskip("httpx", reason="the serving tests need httpx (pip install -e '.[dev]')")
 pytest.importorskip("fastapi", reason="serving needs its extra (pip install -e '.[serve]')")
+pytest.importorskip("schemathesis", reason="the fuzzing test drives schemathesis' CLI (pip install -e '.[dev]')")
 
 from serving_helpers import server  # noqa: E402
 from twostep.artifact import load_artifact  # noqa: E402
@@ -19,6 +25,17 @@ pytestmark = pytest.mark.slow
 
 # the server's own limits, below BOUNDS and the defaults: the document must state these
 MAX_BEAM, MAX_NEW_TOKENS, MAX_SENTENCES, MAX_CHARS = 4, 40, 8, 2000
+# schemathesis' checks of what the server answers (`schemathesis run --help`). Not its checks of what it accepts:
+# positive_data_acceptance (a schema-valid request answered 2xx) cannot hold where validity spans fields that JSON
+# Schema leaves to the server (n_best at most the beam, sampling without a beam, ids ending with eos, the
+# request's total characters and work), and negative_data_rejection (a schema-invalid one refused) cannot where
+# LibreTranslate's API takes more than it documents, as LibreTranslate does (alternatives below 0 read as 0, a
+# float as its integer part, any api_key on a server without keys). Its warning for an operation that refuses all
+# the valid data it was sent is the check of those: it fails the run.
+CHECKS = ["not_a_server_error", "status_code_conformance", "content_type_conformance", "response_headers_conformance",
+          "response_schema_conformance", "unsupported_method", "allow_header_conformance"]
+EXAMPLES, SEED = 300, 1  # at most, per operation and phase: about 1,400 requests, 15 s on 2 cores
+TIMEOUT_S = 75  # the run's bound; the server's start and the artifact's export come before it
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +91,33 @@ def test_the_document_states_the_servers_ranges_bodies_and_errors(documented, de
                 {json.dumps({"$ref": "#/components/schemas/Error"})}, (method, path, errors)
     assert "HTTPValidationError" not in document["components"]["schemas"]
 
+
+def test_schemathesis_finds_no_server_error_and_no_validation_mismatch(documented, tmp_path):
+    url, proc = documented
+    config = tmp_path / "schemathesis.toml"  # named, so that none above the working directory is read
+    config.write_text('[cache]\nenabled = false\n\n[warnings]\nfail-on = ["validation_mismatch"]\n')
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "--no-color", "run",
+               f"{url}/openapi.json", "--url", url, "--seed", str(SEED), "--max-examples", str(EXAMPLES),
+               "--phases", "examples,coverage,fuzzing", "--checks", ",".join(CHECKS), "--workers", "1",
+               "--request-timeout", "30", "--max-redirects", "0", "--generation-database", "none",
+               "--report", "json", "--report-json-path", str(report)]
+    started = time.monotonic()
+    try:  # in tmp_path: schemathesis' files (crashes, caches) stay there
+        run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"schemathesis ran past {TIMEOUT_S} s:\n{exc.stdout}")
+    seconds = time.monotonic() - started
+    assert report.is_file(), run.stdout + run.stderr
+    found = json.loads(report.read_text())
+    summary = {key: found[key] for key in ("operations", "test_cases", "failures", "errors")}
+    print(f"schemathesis: {seconds:.1f} s, {json.dumps(summary)}")  # for `pytest -s`: what the run did
+    assert found["failures"] == [] and found["errors"] == [], run.stdout
+    assert {kind: labels for kind, labels in found["warnings"].items() if labels} == {}, run.stdout
+    assert run.returncode == 0 and found["complete"], run.stdout + run.stderr
+    operations = found["operations"]
+    assert operations["tested"] == operations["total"] >= 11 and operations["errored"] == 0, operations
+    for label in ("POST /v1/translate", "GET /v1/languages", "POST /translate", "POST /detect", "GET /languages",
+                  "GET /frontend/settings", "GET /health", "GET /spec"):  # both APIs, each served valid data
+        assert any(rate["accepted"] for rate in found["valid_rates"][label].values()), (label, found["valid_rates"])
+    assert "Traceback" not in "".join(proc.log)
