@@ -102,7 +102,7 @@ def api_document(app: FastAPI, service: Service) -> Callable[[], dict]:
             schemas = document.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(name, None)
-            error = {"description": "Unexpected: a bug (the server's log has its traceback)",
+            error = {"description": "A bug, or a request whose decode raised: its traceback is in the server's log",
                      "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
             config = service.config
             open_paths = OPEN_PATHS | ({"/metrics"} if not config.protect_metrics else set())
