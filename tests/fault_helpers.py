@@ -73,18 +73,22 @@ class Poisoned:
 
 
 @contextlib.contextmanager
-def group_poison(poison: int):
-    """Every search group raises in its step while it holds a sentence whose source has `poison` (as a search
-    would whose arithmetic breaks on one sentence's options or tokens)."""
+def group_poison(poison: int, where: str = "step"):
+    """Every search group raises in its step (`where`; "join": as such a sentence joins it) while it holds a
+    sentence whose source has `poison` (as a search would whose arithmetic breaks on one sentence's options or
+    tokens)."""
     original_join, original_advance = search.Group.join, {c: c.advance for c in (search.Greedy, search.Beam)}
 
     def join(self, sources, limits, owners, *args, **kwargs):
         self.poisoned = [*getattr(self, "poisoned", []), *(o for s, o in zip(sources, owners) if poison in s)]
-        return original_join(self, sources, limits, owners, *args, **kwargs)
+        out = original_join(self, sources, limits, owners, *args, **kwargs)
+        if where == "join" and any(poison in s for s in sources):
+            raise OverflowError("(34, 'Numerical result out of range')")
+        return out
 
     def advancing(cls):
         def advance(self, step):
-            if any(owner is p for owner in self.owners for p in self.poisoned):
+            if where == "step" and any(owner is p for owner in self.owners for p in self.poisoned):
                 raise OverflowError("(34, 'Numerical result out of range')")
             return original_advance[cls](self, step)
         return advance

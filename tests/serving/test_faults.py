@@ -142,6 +142,22 @@ def test_sentences_done_at_a_step_whose_session_then_raises_are_answered(demo, g
     assert [f[0] for f in metrics.faults] == ["session"]
 
 
+def test_a_session_that_raises_freeing_a_faulty_groups_rows_as_it_joins_decodes_each_sentence_once(
+        demo, good, poison):
+    """A group raises as the poison joins it, and the session raises freeing that group's rows: the batch is lost
+    with the sentences that had joined it at that moment, the group's among them; each decodes again once, in
+    the session's cohorts, and answers once, and the poison's group raises again there, alone."""
+    options = OPTIONS["greedy"]
+    ex, metrics = make(demo, lambda s: Poisoned(s, -1, "release", once=True))
+    with group_poison(poison, "join"), ex:
+        futures, bad = submit_all(ex, good, [poison, 3], options)
+        answers = [texts_of(ex, f.result(60)) for f in futures]
+        with pytest.raises(Faulted):
+            bad.result(60)
+    assert answers == [[[(t, round(s, 4)) for t, s in hyps] for hyps in want] for want in alone(demo, good, options)]
+    assert [f[0] for f in metrics.faults][:2] == ["session", "search"], metrics.faults
+
+
 @pytest.mark.parametrize("lane", LANES)
 def test_a_session_that_always_raises_fails_every_request_and_leaves_none_waiting(demo, good, lane):
     ex, metrics = make(demo, AlwaysRaises, **LANES[lane])

@@ -346,7 +346,8 @@ class BatchingEngine:
         """The lane's session raised: which sentence made it raise cannot be told. The lane starts a new batch;
         its sentences (and those joining it) decode again, in cohorts of half of them that run alone in the
         lane, halved again while they fail; a sentence that fails alone fails its request."""
-        live = [x for x in [*lane.batch.owners(), *joining] if not x.cancelled]
+        # those joining may be among the batch's already (the session raised after their groups took them)
+        live = [x for x in {id(x): x for x in [*lane.batch.owners(), *joining]}.values() if not x.cancelled]
         self.restart(lane)
         lane.isolating = False
         retry = [x for x in live if x.repeats] if len(live) > 1 else []

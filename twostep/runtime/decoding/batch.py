@@ -125,7 +125,9 @@ class RunningBatch:
     exception propagates. The session's own exceptions cannot be put on a sentence: `add` and `step` raise them
     (the batch's state is then lost: start a new one), except one raised after a step's groups advanced (moving
     or releasing rows), which leaves the sentences done at that step whole: `step` returns them and sets
-    `broken` to the exception. A TwostepError from the session's encoder is a refusal before anything changed."""
+    `broken` to the exception. A group that raised as the session then did is not told to on_fault: its owners
+    stay among `owners()`, with the batch's. A TwostepError from the session's encoder is a refusal before
+    anything changed."""
 
     def __init__(self, session: StepSession, *, specials: Specials,
                  cancelled: Callable[[object], bool] | None = None, compact_at: float = 0.25,
@@ -133,6 +135,7 @@ class RunningBatch:
         self.session, self.specials = session, specials
         self.cancelled, self.compact_at, self.on_fault = cancelled, compact_at, on_fault
         self.broken: Exception | None = None  # the session raised after a step's groups advanced
+        self.stranded: list = []  # owners of groups that raised, left unanswered as the session raised freeing them
         self.groups: dict[tuple, Group] = {}
         self.tokens = np.zeros(0, np.int64)  # each row's next token
         self.forced = np.full((0, 0), -1, np.int64)  # each row's forced tokens
@@ -149,7 +152,8 @@ class RunningBatch:
         return self.rows - len(self.free)
 
     def owners(self) -> list:
-        return [owner for g in self.groups.values() for owner in g.owners]
+        """The owners of the sentences decoding, and of those whose group raised as the session did (`stranded`)."""
+        return [owner for g in self.groups.values() for owner in g.owners] + self.stranded
 
     @property
     def streaming(self) -> int:
@@ -186,9 +190,11 @@ class RunningBatch:
             left.append((g, exc, g.at if rows is None else np.union1d(g.at, rows).astype(np.int64)))
         try:
             self.release(np.concatenate([rows for _, _, rows in left]))
-        finally:
-            for g, exc, _ in left:
-                self.on_fault(list(g.owners), exc)
+        except Exception:  # the session's fault now: theirs is told with the batch's (owners())
+            self.stranded += [owner for g, _, _ in left for owner in g.owners]
+            raise
+        for g, exc, _ in left:
+            self.on_fault(list(g.owners), exc)
 
     def release(self, rows: np.ndarray) -> None:
         """Rows whose sentences left: the session forgets them, and the batch reuses them."""
