@@ -78,10 +78,11 @@ def make(demo, session_wrapper=lambda s: s, **limits) -> tuple[BatchingTranslato
 
 
 def alone(demo, requests, options) -> list:
-    """Each request alone through the plain Translator: what each must get."""
+    """Each request alone through the plain Translator: what each must get, as texts_of gives it."""
     artifact, backend = demo
     plain = Translator(backend.session(), Limits.of(artifact.config), Tokenizer.load(artifact.path, artifact.tokenizer))
-    return [plain.translate_nbest(texts, options) for texts in requests]
+    return [[[(t, round(s, 4)) for t, s in hyps] for hyps in plain.translate_nbest(texts, options)]
+            for texts in requests]
 
 
 def texts_of(ex, results) -> list:
@@ -106,7 +107,7 @@ def test_a_search_group_that_raises_fails_only_its_own_request(demo, good, poiso
         answers = [texts_of(ex, f.result(60)) for f in futures]
         with pytest.raises(Faulted, match="OverflowError"):
             bad.result(60)
-    assert answers == [[[(t, round(s, 4)) for t, s in hyps] for hyps in want] for want in alone(demo, good, options)]
+    assert answers == alone(demo, good, options)
     # the poison shared its group with good sentences: they decoded again, alone, before anyone failed
     assert metrics.faults and metrics.faults[0][0] == "search" and metrics.faults[0][2] > 0, metrics.faults
     assert all(where == "search" for where, _, _ in metrics.faults)
@@ -123,7 +124,7 @@ def test_a_session_that_raises_is_retried_in_halves_until_the_sentence_that_rais
         answers = [texts_of(ex, f.result(60)) for f in futures]
         with pytest.raises(Faulted, match="RUNTIME_EXCEPTION"):
             bad.result(60)
-    assert answers == [[[(t, round(s, 4)) for t, s in hyps] for hyps in want] for want in alone(demo, good, options)]
+    assert answers == alone(demo, good, options)
     sessions = [f for f in metrics.faults if f[0] == "session"]
     assert sessions and sessions[0][1] > 1 and sessions[0][2] == sessions[0][1], metrics.faults
     assert sessions[-1][1:] == (1, 0)  # the last: the poison alone, failed
@@ -138,7 +139,7 @@ def test_sentences_done_at_a_step_whose_session_then_raises_are_answered(demo, g
     with ex:
         futures = [ex.submit_ids(ex.encode(texts), options) for texts in good]
         answers = [texts_of(ex, f.result(60)) for f in futures]
-    assert answers == [[[(t, round(s, 4)) for t, s in hyps] for hyps in want] for want in alone(demo, good, options)]
+    assert answers == alone(demo, good, options)
     assert [f[0] for f in metrics.faults] == ["session"]
 
 
@@ -154,7 +155,7 @@ def test_a_session_that_raises_freeing_a_faulty_groups_rows_as_it_joins_decodes_
         answers = [texts_of(ex, f.result(60)) for f in futures]
         with pytest.raises(Faulted):
             bad.result(60)
-    assert answers == [[[(t, round(s, 4)) for t, s in hyps] for hyps in want] for want in alone(demo, good, options)]
+    assert answers == alone(demo, good, options)
     assert [f[0] for f in metrics.faults][:2] == ["session", "search"], metrics.faults
 
 

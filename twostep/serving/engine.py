@@ -327,6 +327,7 @@ class BatchingEngine:
     def restart(self, lane: Lane) -> None:
         lane.batch = RunningBatch(lane.session, specials=self.specials, cancelled=lambda sentence: sentence.cancelled,
                                   on_fault=self.group_fault)
+        lane.isolating = False
 
     def group_fault(self, sentences: list[Sentence], exc: Exception) -> None:
         """A search group raised (RunningBatch's on_fault): its sentences' own fault, the batch goes on. A sentence
@@ -349,7 +350,6 @@ class BatchingEngine:
         # those joining may be among the batch's already (the session raised after their groups took them)
         live = [x for x in {id(x): x for x in [*lane.batch.owners(), *joining]}.values() if not x.cancelled]
         self.restart(lane)
-        lane.isolating = False
         retry = [x for x in live if x.repeats] if len(live) > 1 else []
         self.metrics.fault("session", len(live), len(retry))
         log.error("the step session raised with %d sentences decoding (%s): %s", len(live), self.described(live),
@@ -439,7 +439,7 @@ class BatchingEngine:
     def next_cohort(lane: Lane) -> list[Sentence]:
         """The cohort a lane starts now: the next of its cohorts once its batch is empty (the lane then takes
         nothing else until it is done), or none."""
-        if lane.batch.sentences:
+        if not (lane.cohorts or lane.isolating) or lane.batch.sentences:  # the first test is every step's
             return []
         lane.isolating = False
         while lane.cohorts:

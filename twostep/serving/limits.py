@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, get_args, get_type_hints
 
 from twostep.errors import BadInput
+from twostep.runtime.decoding.options import BOUNDS
 
 if TYPE_CHECKING:
     from twostep.artifact.config import ModelConfig
@@ -83,8 +84,6 @@ class BatchLimits:
     def beam_limit(self) -> int:
         """The widest beam a request may ask for: max_beam, at most max_batch_rows (the executor's admission
         refuses wider) and the decoding options' own bound (BOUNDS)."""
-        from twostep.runtime.decoding.options import BOUNDS
-
         return min(self.max_beam, self.max_batch_rows, int(BOUNDS["beam_size"].high))
 
     @property

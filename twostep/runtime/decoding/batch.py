@@ -176,8 +176,8 @@ class RunningBatch:
 
     def faulted(self, faults: list[tuple[tuple, Exception, np.ndarray | None]]) -> None:
         """Search groups that raised, (key, exception, rows taken for it as it joined): without on_fault, the first
-        exception goes on; with it, the groups leave, their rows freed, and on_fault hears of each one's owners
-        (even if the session raises freeing the rows: `broken`)."""
+        exception goes on; with it, the groups leave, their rows freed, and on_fault hears of each one's owners.
+        If the session raises freeing the rows, that goes on instead, and their owners are `stranded`."""
         if not faults:
             return
         if self.on_fault is None:

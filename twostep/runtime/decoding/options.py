@@ -67,9 +67,9 @@ class Bound:
         return (self.low < value if self.low_open else self.low <= value) and value <= self.high
 
     def words(self) -> str:
-        kind = "an integer" if self.integer else "a finite number"
-        return f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]" if not self.integer \
-            else f"{kind} in [{self.low}, {self.high}]"
+        if self.integer:
+            return f"an integer in [{self.low}, {self.high}]"
+        return f"a finite number in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
 
 
 MAX_NEW_TOKENS = 1 << 20  # a sentence's tokens: beam search divides by length ** length_penalty
