@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from torch import nn
 
 from twostep.artifact.config import ModelConfig
 from twostep.artifact.manifest import parse_decoding
 from twostep.artifact.tokenizer import TokenizerSpec
 from twostep.errors import BadCheckpoint
 from twostep.files import OutputKind, output_directory, read_json
+from twostep.model.tensorfile import write_safetensors
 from twostep.model.transformer import Transformer
 
 FORMAT = "twostep-checkpoint"
@@ -74,19 +78,47 @@ def read_tokenizer(path: Path) -> TokenizerSpec | None:
 
 
 def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """The state dict with each tied tensor once, under its first name (safetensors refuses aliases)."""
+    """The state dict with each tied tensor once, under its first name (safetensors refuses aliases). Ties are
+    told by identity, not by address: a model assembled on the meta device has every address 0."""
     seen: set[int] = set()
     out = {}
-    for name, tensor in model.state_dict().items():
-        key = tensor.data_ptr()
-        if key not in seen:
-            seen.add(key)
-            out[name] = tensor
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out[name] = tensors.get(id(tensor), tensor).detach()
     return out
 
 
-def load_weights(model: Transformer, tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Load `tensors` (canonical names) into `model`, or raise one error listing every problem."""
+_META = threading.Lock()
+
+
+@contextmanager
+def parameters_on_meta():
+    """Modules built inside get their parameters on the meta device (no memory, no initialisation: a 3B model's
+    random init took minutes and its whole size), their buffers (position tables, relative buckets) as usual."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), param.requires_grad)
+        register(module, name, param)
+
+    with _META:
+        nn.Module.register_parameter = on_meta
+        try:
+            yield
+        finally:
+            nn.Module.register_parameter = register
+
+
+def assemble(config: ModelConfig, tensors: dict[str, torch.Tensor], source: str) -> Transformer:
+    """A model of `config` whose weights are `tensors` (canonical names), or one error listing every problem.
+    The tensors become the model's own, not copies: memory-mapped safetensors stay mapped, paged in as they are
+    read (twostep.model.sources). A tensor keeps its dtype: a bf16 or fp16 checkpoint's model holds bf16 or fp16
+    weights (converted to float32 tensor by tensor where they are written, twostep.artifact.tensorfile)."""
+    with parameters_on_meta():
+        model = Transformer(config)
     expected = canonical_state_dict(model)
     problems = [f"missing tensor {name} {tuple(t.shape)}" for name, t in expected.items() if name not in tensors]
     problems += [f"unexpected tensor {name}" for name in tensors if name not in expected]
@@ -95,11 +127,20 @@ def load_weights(model: Transformer, tensors: dict[str, torch.Tensor], source: s
         for name, t in expected.items()
         if name in tensors and tensors[name].shape != t.shape
     ]
+    problems += [f"tensor {name} is {tensors[name].dtype}, expected {t.dtype}" for name, t in expected.items()
+                 if name in tensors and tensors[name].is_floating_point() != t.is_floating_point()]
     if problems:
         raise BadCheckpoint(f"{source}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
-    with torch.no_grad():
-        for name, t in expected.items():
-            t.copy_(tensors[name].to(t.dtype))
+    model.load_state_dict({name: tensors[name] for name in expected}, strict=False, assign=True)
+    for buffer in model.buffers():  # computed in float32 (position tables): so they stay
+        if buffer.is_floating_point() and buffer.dtype != torch.float32:
+            buffer.data = buffer.data.float()
+    if config.tie_generator:  # assigning replaced the tied parameter: tie it again
+        model.generator.weight = model.tgt_embed.weight
+    left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"assembling {source} left {', '.join(left)} on the meta device")
+    return model.eval()
 
 
 def owned_entries(path: Path) -> set[str] | None:
@@ -124,13 +165,7 @@ def write_checkpoint(
 ) -> None:
     """Write the checkpoint's files into the (new, empty) directory `out_dir`. `tokenizer`: a SentencePiece
     model whose ids are the model's; `tokenizer_files`: the files an info["tokenizer"] section names, by name."""
-    weights = {k: v.detach().cpu().contiguous() for k, v in canonical_state_dict(model).items()}
-    try:
-        save_file(weights, str(out_dir / WEIGHTS_FILE))
-    except SafetensorError as exc:  # safetensors reports the OS's write errors as its own
-        if "I/O error" not in str(exc):
-            raise
-        raise OSError(f"{WEIGHTS_FILE}: {exc}") from None  # reported by output_directory, naming the output
+    write_safetensors(out_dir / WEIGHTS_FILE, canonical_state_dict(model))  # tensor by tensor, in float32
     meta = {"format": FORMAT, "version": VERSION, "task": task, "model": model.config.to_dict(), **(info or {})}
     (out_dir / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     if tokenizer is not None:
@@ -176,11 +211,9 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
     if not weights_file.is_file():
         raise BadCheckpoint(f"{path}: missing {WEIGHTS_FILE}")
     try:
-        tensors = load_file(str(weights_file))
+        tensors = load_file(str(weights_file))  # memory-mapped: nothing is copied until it is read
     except (SafetensorError, OSError, ValueError) as exc:
         raise BadCheckpoint(f"{weights_file}: cannot read safetensors ({exc})") from None
-    model = Transformer(config)
-    load_weights(model, tensors, str(weights_file))
-    model.eval()
+    model = assemble(config, tensors, str(weights_file))
     info = {k: v for k, v in meta.items() if k not in ("format", "version", "task", "model")}
     return Checkpoint(path=path, model=model, task=meta.get("task"), info=info)

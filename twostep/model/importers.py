@@ -26,7 +26,14 @@ import torch
 
 from twostep.artifact.config import ModelConfig
 from twostep.errors import BadCheckpoint
-from twostep.model.checkpoint import Checkpoint, canonical_state_dict, save_checkpoint
+from twostep.model.checkpoint import (
+    Checkpoint,
+    assemble,
+    canonical_state_dict,
+    load_checkpoint,
+    parameters_on_meta,
+    save_checkpoint,
+)
 from twostep.model.transformer import Transformer, sinusoid_table
 
 StateDict = dict[str, torch.Tensor]
@@ -113,7 +120,8 @@ class Mapper:
     def build(self, config: ModelConfig, positions: torch.Tensor | None) -> Transformer:
         """Check all pairs against a model of `config`; raise one error listing every problem. `positions`: the
         position table, where the mapped tensors do not hold it (learned tables are mapped)."""
-        model = Transformer(config)
+        with parameters_on_meta():
+            model = Transformer(config)
         if positions is not None:
             self.tensors["pos_table"] = positions
         expected = canonical_state_dict(model)
@@ -127,10 +135,7 @@ class Mapper:
         if problems:
             raise BadCheckpoint(f"cannot import as {self.fmt!r}, {len(problems)} problem(s):\n  "
                                 + "\n  ".join(problems))
-        with torch.no_grad():
-            for k, t in expected.items():
-                t.copy_(self.tensors[k].float())
-        return model.eval()
+        return assemble(config, {k: self.tensors[k] for k in expected}, f"the {self.fmt} weights")
 
 
 def same(sd: StateDict, a: str, b: str) -> bool:
@@ -333,4 +338,4 @@ def import_state_dict_file(src: Path, fmt: str, out_dir: Path, opts: ImportOptio
         raise BadCheckpoint(f"{tokenizer}: tokenizer file not found")
     info = {"imported_from": {"format": fmt, "file": str(src)}}
     path = save_checkpoint(model, out_dir, tokenizer=tokenizer, info=info, force=force)
-    return Checkpoint(path=path, model=model, task=None, info={})
+    return load_checkpoint(path)

@@ -27,7 +27,7 @@ from twostep.artifact.config import ModelConfig
 from twostep.artifact.tokenizer import Languages, TargetLanguage, TokenizerSpec, is_language_code
 from twostep.errors import BadCheckpoint
 from twostep.files import read_json
-from twostep.model.checkpoint import Checkpoint, save_checkpoint
+from twostep.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from twostep.model.importers import Mapper, read_state_dict, same
 from twostep.model.transformer import Transformer
 
@@ -63,7 +63,7 @@ def save_imported(imported: Imported, directory: Path, out_dir: Path, force: boo
     if imported.decoding:
         info["decoding"] = imported.decoding
     path = save_checkpoint(imported.model, out_dir, info=info, force=force, tokenizer_files=imported.files)
-    return Checkpoint(path=path, model=imported.model, task=None, info=info)
+    return load_checkpoint(path)  # as written: float32, memory-mapped (a bf16 model was widened as it was written)
 
 
 class HFModel:
