@@ -58,11 +58,12 @@ def test_a_worker_process_error_is_raised_here(tiny_model, tiny_ckpt, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(BadCheckpoint) as caught:  # the worker loads the checkpoint from its directory
         build_graphs(tiny_model, tmp_path / "empty", [GRAPHS["decoder"], GRAPHS["encoder"]], tmp_path, 18, False,
-                     "fp32", jobs=2)
+                     "fp32", jobs=2, answers=tmp_path / "answers")
     assert "empty" in str(caught.value) and "Traceback" not in str(caught.value)
     unknown = dataclasses.replace(GRAPHS["encoder"], name="no_such_graph")
     with pytest.raises(RuntimeError, match=r"(?s)building no_such_graph failed.*Traceback.*KeyError"):
-        build_graphs(tiny_model, tiny_ckpt, [unknown, GRAPHS["encoder"]], tmp_path, 18, False, "fp32", jobs=2)
+        build_graphs(tiny_model, tiny_ckpt, [unknown, GRAPHS["encoder"]], tmp_path, 18, False, "fp32", jobs=2,
+                     answers=tmp_path / "answers")
 
 
 def worker_processes(parent: int) -> list[int]:

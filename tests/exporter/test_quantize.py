@@ -41,7 +41,8 @@ def test_int8_export_agrees_with_fp32_eager_and_a_broken_int8_path_fails(demo_in
 
 def test_int8_export_quantizes_the_tied_generator(demo_int8):
     """The demo model's generator is its target embedding (tied): the step's largest product must be int8 too, its
-    fp32 table left only to the embedding's Gather (twostep/exporter/quantize.py's transpose_constant_weights)."""
+    fp32 table left only to the embedding's Gather (the trace's fold_weight_transposes,
+    twostep/exporter/graphs.py)."""
     manifest = json.loads((demo_int8 / "manifest.json").read_text())
     config = manifest["model"]
     assert config["tie_generator"], "the test needs a model whose generator is tied to its embedding"
@@ -53,3 +54,40 @@ def test_int8_export_quantizes_the_tied_generator(demo_int8):
             if t.data_type == onnx.TensorProto.FLOAT and sorted(t.dims) == table}
     readers = {n.op_type for n in model.graph.node if fp32 & set(n.input)}
     assert readers <= {"Gather"}, f"an fp32 {table} table is read by {readers}"
+
+
+def test_weight_by_weight_quantization_computes_what_quantize_dynamic_computes(demo_artifact, tmp_path):
+    """quantize_int8 quantizes one weight at a time; the graph it writes gives, bit for bit, the outputs of
+    ONNX Runtime's quantize_dynamic run on the whole graph with the same settings (the int8 numerics before)."""
+    import shutil
+
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from twostep.exporter.quantize import QUANTIZATION, quantize_int8
+
+    for graph in ("encoder", "decoder"):
+        ours, theirs = tmp_path / f"{graph}.onnx", tmp_path / f"{graph}.whole.onnx"
+        shutil.copyfile(demo_artifact / f"{graph}.onnx", ours)
+        q = QUANTIZATION
+        quantize_dynamic(ours, theirs, op_types_to_quantize=q["op_types"], weight_type=QuantType.QInt8,
+                         per_channel=q["per_channel"], reduce_range=q["reduce_range"],
+                         extra_options={"MatMulConstBOnly": q["matmul_const_b_only"]})
+        quantize_int8(ours)
+        assert sum(n.op_type == "MatMulInteger" for n in onnx.load(str(ours)).graph.node) == \
+            sum(n.op_type == "MatMulInteger" for n in onnx.load(str(theirs)).graph.node) > 0
+        sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (ours, theirs)]
+        rng = np.random.default_rng(0)
+        feeds = {}
+        for value in sessions[1].get_inputs():
+            shape = [d if isinstance(d, int) else {"batch": 2}.get(d, 3) for d in value.shape]
+            if value.type == "tensor(int64)":
+                feeds[value.name] = (np.full(shape, 3, np.int64) if "length" in value.name
+                                     else rng.integers(4, 30, shape, dtype=np.int64))
+                if "mask" in value.name:
+                    feeds[value.name] = np.ones(shape, np.int64)
+            else:
+                feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+        got, want = (s.run(None, feeds) for s in sessions)
+        for a, b in zip(got, want):
+            assert np.array_equal(a, b)

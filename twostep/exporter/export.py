@@ -14,6 +14,7 @@ copy of the model each (`jobs`), then validated here.
 from __future__ import annotations
 
 import datetime
+import gc
 import importlib
 import importlib.metadata
 import json
@@ -33,7 +34,7 @@ import twostep
 from twostep import errors
 from twostep.artifact import ARTIFACT, Manifest, load_artifact, write_manifest
 from twostep.artifact.manifest import GraphEntry
-from twostep.artifact.spec import CONTRACT, GRAPHS, GraphInfo
+from twostep.artifact.spec import CONTRACT, GRAPHS, GraphInfo, graph_specs
 from twostep.errors import BadInput, ParityFailure
 from twostep.exporter import shared
 from twostep.exporter.graphs import TRACE_SIZES
@@ -42,9 +43,11 @@ from twostep.exporter.validate import (
     EXPORT_GRID,
     TOLERANCES,
     ParityReport,
+    Recorded,
     check_declaration,
     compare_backend,
     compare_sessions,
+    record,
 )
 from twostep.files import output_directory
 from twostep.model.checkpoint import load_checkpoint
@@ -113,27 +116,62 @@ def build_graph(model: torch.nn.Module, name: str, path: Path, opset: int, optim
     return fusions, quantization
 
 
-def default_jobs(graphs: int, parameter_bytes: int) -> int:
-    """Processes building the graphs: one a graph, at most one a core, and each (a copy of the model and its
-    trace) within 3x the parameters' bytes of the memory available now. At NLLB-600M's size (2.46 GB of fp32
-    parameters) two processes took 8.4 GB more of the machine's memory at their peak."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    jobs = min(graphs, cores)
+def available_memory() -> int | None:
     try:
         with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-        jobs = min(jobs, available // max(1, 3 * parameter_bytes))
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
-        pass
+        return None
+
+
+# What a process building a graph holds besides the model's weights (mapped once for all processes, from the
+# checkpoint's file): torch.export's and the translation's objects and one weight being written, measured at
+# MADLAD-400's layer shape (docs/benchmarks.md, "Exporting 3B models").
+JOB_OVERHEAD = 1 << 30
+JOB_SHARE = 0.15  # of the parameters' bytes
+
+
+def default_jobs(graphs: int, parameter_bytes: int) -> int:
+    """Processes building the graphs: one a graph, at most one a core, and as many as the memory available now
+    holds: the weights once (every process maps the same checkpoint file) and each process's own part."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    jobs = min(graphs, cores)
+    available = available_memory()
+    if available is not None:
+        own = JOB_OVERHEAD + JOB_SHARE * parameter_bytes
+        jobs = min(jobs, int((available - parameter_bytes) // own))
     return max(1, jobs)
 
 
+def disk_needed(parameter_bytes: int, graphs: int, precision: str, jobs: int) -> int:
+    """The disk an export takes at its most beside the output: each graph's weights in its own file until they are
+    stored once (a graph holds at most the model's weights; int8: a quarter, after its fp32 form, one a process at
+    a time), and the reference's answers for validation (about 1 GiB at a 3B model's size)."""
+    if precision == "int8":
+        return int(parameter_bytes * (jobs + graphs / 4)) + (1 << 30)
+    if precision == "fp16":
+        return int(parameter_bytes * (jobs + graphs / 2)) + (1 << 30)
+    return parameter_bytes * graphs + (1 << 30)
+
+
+def check_disk(out_dir: Path, needed: int) -> None:
+    """Refuse, before writing anything, an export the disk cannot hold."""
+    where = next((p for p in (out_dir.parent, *out_dir.parents) if p.exists()), Path("."))
+    free = shutil.disk_usage(where).free
+    if free < needed:
+        raise BadInput(f"not enough disk space for the artifact at {out_dir}: the export needs about "
+                       f"{needed / 1e9:.1f} GB there while it runs, {free / 1e9:.1f} GB are free")
+
+
 def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo], tmp: Path, opset: int,
-                 optimize: bool, precision: str, jobs: int) -> list[tuple[dict | None, dict | None]]:
+                 optimize: bool, precision: str, jobs: int,
+                 answers: Path) -> tuple[list[tuple[dict | None, dict | None]], Recorded]:
     """build_graph for each graph: `jobs - 1` worker processes (twostep.exporter.worker, which load the
     checkpoint themselves) take one graph each, the decoders first (they take longest), and this process
-    builds the rest meanwhile. A worker's user error is raised here as the same error; a worker's crash
-    as a RuntimeError carrying its traceback."""
+    builds the rest meanwhile, then records the eager model's answers to validation's calls in `answers`
+    (validate.record): the graphs are validated against that recording once the model is gone. A worker's
+    user error is raised here as the same error; a worker's crash as a RuntimeError carrying its traceback.
+    Returns each graph's (fusions, quantization) and the recording."""
     order = sorted(graphs, key=lambda info: info.name != "decoder")  # the plain decoder takes longest
     away, here = order[: jobs - 1], order[jobs - 1 :]
     workers = {}
@@ -149,6 +187,8 @@ def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo]
             workers[info.name] = process, out, err
         results = {info.name: build_graph(model, info.name, tmp / info.file, opset, optimize, precision)
                    for info in here}
+        with TorchBackend(model) as eager:
+            record(eager, answers, EXPORT_GRID)
         for name, (process, out, err) in workers.items():
             process.wait()
             out.seek(0)
@@ -168,7 +208,7 @@ def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo]
                 process.wait()
             out.close()
             err.close()
-    return [results[info.name] for info in graphs]
+    return [results[info.name] for info in graphs], Recorded(None, answers, model.config, graph_specs(model.config))
 
 
 def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str = "fp32", optimize: bool = False,
@@ -186,22 +226,28 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
     if not 17 <= opset <= 23:
         raise BadInput(f"--opset {opset} is outside the supported range 17..23")
     started = time.perf_counter()
-    ckpt = load_checkpoint(ckpt_dir)
+    ckpt = load_checkpoint(ckpt_dir)  # its weights memory-mapped, paged in as the trace and the reference read them
     decoding = ckpt.decoding  # the checkpoint's decoding defaults, checked before the long export
     with_defaults(decoding, f"{ckpt_dir}: decoding")
     model = ckpt.model.eval()
+    config, task, tokenizer_spec = model.config, ckpt.task, ckpt.tokenizer
     onnx_dtype, precision = DTYPES[dtype]
-    chosen = chosen_variants(model.config, precision, variants)
-    chosen += [info for info in chosen_variants(model.config, precision, also) if info not in chosen]
+    chosen = chosen_variants(config, precision, variants)
+    chosen += [info for info in chosen_variants(config, precision, also) if info not in chosen]
     graphs = [GRAPHS[name] for name in CONTRACT] + chosen
     out_dir = Path(out_dir)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     jobs = default_jobs(len(graphs), parameter_bytes) if jobs is None else max(1, jobs)
-    with output_directory(out_dir, ARTIFACT, force) as tmp:
+    check_disk(out_dir, disk_needed(parameter_bytes, len(graphs), precision, jobs))
+    with output_directory(out_dir, ARTIFACT, force) as tmp, \
+            tempfile.TemporaryDirectory(prefix=".validation-", dir=tmp.parent) as answers:
         steps = ", ".join(filter(None, ["traced", "fused" if optimize else "",
                                         {"fp16": "converted to fp16", "int8": "quantized to int8"}.get(precision)]))
         log(f"exporting {', '.join(info.name for info in graphs)} ({steps}) in {jobs} process(es)")
-        built = build_graphs(model, ckpt.path, graphs, tmp, opset, optimize, precision, jobs)
+        built, reference = build_graphs(model, ckpt.path, graphs, tmp, opset, optimize, precision, jobs,
+                                         Path(answers))
+        del model, ckpt  # the eager model's part is done (its answers are kept): its weights leave memory
+        gc.collect()
         fusions = {info.name: f for info, (f, _) in zip(graphs, built) if f is not None}
         quantization = built[-1][1]
         if parameter_bytes > shared.EXTERNAL_DATA_BYTES:
@@ -211,28 +257,30 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             for info in graphs:
                 if info.shares:
                     shared.share_weights(tmp / info.file, tmp / GRAPHS[info.shares].file)
-        tokenizer = ckpt.tokenizer
+        tokenizer = tokenizer_spec
         for name in tokenizer.files() if tokenizer else []:
-            shutil.copyfile(ckpt.path / name, tmp / name)
-        entries = {info.name: GraphEntry(info.name, info.file, info.spec(model.config, onnx_dtype), info.runtime,
+            shutil.copyfile(Path(ckpt_dir) / name, tmp / name)
+        entries = {info.name: GraphEntry(info.name, info.file, info.spec(config, onnx_dtype), info.runtime,
                                          info.ops) for info in graphs}
         problems = [p for entry in entries.values() for p in check_declaration(tmp / entry.file, entry.spec)]
         if problems:
             raise ParityFailure("exported graphs do not match their declaration:\n  " + "\n  ".join(problems))
         manifest = Manifest(
-            config=model.config, dtype=onnx_dtype, precision=precision, opset=opset, graphs=entries,
-            tokenizer=tokenizer, task=ckpt.task, decoding=decoding,
+            config=config, dtype=onnx_dtype, precision=precision, opset=opset, graphs=entries,
+            tokenizer=tokenizer, task=task, decoding=decoding,
             quantization=quantization, fusions=fusions if optimize else None,
             exporter={"versions": versions(), "trace_sizes": TRACE_SIZES,
                       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
         )
         write_manifest(tmp, manifest)
         log("validating against eager PyTorch on the export's shape grid")
-        with OrtBackend(load_artifact(tmp)) as candidate, TorchBackend(model) as reference:
+        # ONNX Runtime maps the weights (page-aligned external data) and, prepacking off, copies none of them:
+        # the sessions side by side hold the weights once.
+        with OrtBackend(load_artifact(tmp), prepack=False) as candidate:
             report = compare_backend(candidate, reference, precision, EXPORT_GRID)  # with the decoder it decodes with
             for kv_cache, decoder in KV_CACHES.items():  # and each other variant decoder, step by step
                 if decoder in entries and decoder not in (candidate.decoder, "decoder"):
-                    with OrtBackend(load_artifact(tmp), kv_cache=kv_cache) as other:
+                    with OrtBackend(load_artifact(tmp), kv_cache=kv_cache, prepack=False) as other:
                         compare_sessions(other, reference, precision, report, grid=EXPORT_GRID)
         if not report.ok:
             raise ParityFailure(f"{len(report.failures)} parity failure(s) after export:\n  "

@@ -8,10 +8,13 @@ import logging
 import warnings
 from pathlib import Path
 
+import numpy as np
+import onnx_ir as ir
 import torch
 from torch.export import Dim
 
 from twostep.artifact.spec import GraphSpec, graph_specs, search_width
+from twostep.exporter import shared
 from twostep.model.graphs import DecoderGraph, EncoderGraph, flatten, pairs
 from twostep.model.transformer import Transformer
 
@@ -64,16 +67,66 @@ def trace(module: torch.nn.Module, inputs: tuple, shapes: tuple, spec: GraphSpec
     """One capture with torch.export (non-strict), then torch.onnx.export's translation of the program.
     torch.onnx.export's own capture runs in a size-oblivious mode in which a dim of size 1 cannot be proved
     apart from the rest, so it traced our decoder twice (the first capture refused, the second with refined
-    shapes): tracing here first halves the time, and validation proves the graph on sizes 0 and 1."""
+    shapes): tracing here first halves the time, and validation proves the graph on sizes 0 and 1.
+
+    The weights are never copied whole. The translation is left unoptimized and its Transposes of weights (a
+    Linear's x @ W.T) become lazy initializers (fold_weight_transposes) before the optimizer runs: folded by the
+    optimizer, each would be a new array held in memory until the save, a whole copy of the graph's weights.
+    The save (save_graph_ir) computes them one by one as it writes them."""
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed"
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation and axis-renaming chatter
         program = torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
-        torch.onnx.export(
-            program, inputs, str(path), dynamo=True, external_data=False, dynamic_shapes=shapes,
-            input_names=spec.input_names, output_names=spec.output_names, opset_version=opset, optimize=True,
-            verbose=False, **options,
+        onnx_program = torch.onnx.export(
+            program, inputs, dynamo=True, dynamic_shapes=shapes, input_names=spec.input_names,
+            output_names=spec.output_names, opset_version=opset, optimize=False, verbose=False, **options,
         )
+        fold_weight_transposes(onnx_program.model)
+        onnx_program.optimize()
+        weights = sum(p.numel() * p.element_size() for p in module.parameters())
+        save_graph_ir(onnx_program.model, path, external=weights > shared.EXTERNAL_DATA_BYTES)
+
+
+def fold_weight_transposes(model: ir.Model) -> int:
+    """Every Transpose of an initializer becomes an initializer of the transposed weight, computed only when it
+    is written (an onnx-ir LazyTensor); the weight itself stays where something else reads it (a tied
+    embedding's Gather). Returns how many."""
+    graph = model.graph
+    folded = 0
+    for node in list(graph):
+        source = node.inputs[0] if node.op_type == "Transpose" and node.domain == "" and node.inputs else None
+        if source is None or not source.is_initializer() or source.const_value is None:
+            continue
+        perm = node.attributes.get_ints("perm", None)
+        weight = source.const_value
+        if perm is None:
+            perm = list(range(len(weight.shape)))[::-1]
+        shape = ir.Shape([weight.shape[axis] for axis in perm])
+        def transposed(weight=weight, perm=tuple(perm)) -> np.ndarray:
+            return np.ascontiguousarray(weight.numpy().transpose(perm))
+
+        lazy = ir.LazyTensor(transposed, dtype=weight.dtype, shape=shape, name=node.outputs[0].name)
+        value = ir.Value(name=node.outputs[0].name, shape=shape, type=ir.TensorType(weight.dtype), const_value=lazy)
+        graph.register_initializer(value)
+        node.outputs[0].replace_all_uses_with(value)
+        graph.remove(node, safe=True)
+        if not source.uses() and not source.is_graph_output():
+            graph.initializers.pop(source.name)
+        folded += 1
+    return folded
+
+
+def save_graph_ir(model: ir.Model, path: Path, external: bool) -> None:
+    """Write `model` to `path`: inline, or (`external`: a model past shared.EXTERNAL_DATA_BYTES of parameters)
+    with its weights as external data in `<name>.data` beside it, written tensor by tensor (lazy ones computed
+    as they are written, at most IN_FLIGHT bytes at once) at page-aligned offsets, which ONNX Runtime maps."""
+    if not external:
+        ir.save(model, str(path))
+        return
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)
+    ir.save(model, str(path), external_data=data.name, size_threshold_bytes=shared.SMALLEST, max_workers=1,
+            max_in_flight_bytes=shared.IN_FLIGHT, alignment=shared.PAGE, align_threshold=0)
 
 
 def export_encoder(model: Transformer, path: Path, opset: int) -> None:

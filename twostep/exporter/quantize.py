@@ -3,7 +3,8 @@
 On AVX2 machines without VNNI, ONNX Runtime's u8s8 kernels can saturate their 16-bit intermediate sums;
 `reduce_range` (7-bit weights) avoids that. Attention's activation-by-activation MatMuls stay fp32
 (`MatMulConstBOnly`), as do the LayerNorms and the softmax. A weight a MatMul reads through a Transpose (a
-generator tied to the embedding table) is transposed once, before quantizing, so that it is quantized too.
+generator tied to the embedding table) was folded into a weight of its own when the graph was traced
+(twostep.exporter.graphs.fold_weight_transposes), so that it is quantized too.
 """
 
 from __future__ import annotations
@@ -11,70 +12,117 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
+import onnx
+
 from twostep.artifact.trust import external_data_locations
-from twostep.exporter.shared import save_graph
+from twostep.exporter.shared import PAGE, SMALLEST, external_span, save_graph
 
 QUANTIZATION = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
                 "matmul_const_b_only": True}
 
 
 def quantize_int8(path: Path) -> dict:
-    """Quantize the graph at `path`, replacing it; returns the settings, for the manifest."""
+    """Quantize the graph at `path` in place, weight by weight; returns the settings, for the manifest.
+
+    ONNX Runtime's quantize_dynamic loads the whole graph and holds about three times its weights: at a 3B
+    model's size, more than the machine. Here the graph's structure is loaded without its data, and each
+    MatMul whose B is a weight is quantized by quantize_dynamic itself, with the same settings, as a one-node
+    model (X @ W, named as in the graph): its nodes (DynamicQuantizeLinear of X, once for all the products that
+    read X, as quantize_dynamic shares it; MatMulInteger; the scales' Muls) replace the MatMul, and its int8
+    weight, scales and zero points are written to the graph's new data file as they come. The numerics are
+    quantize_dynamic's by construction; memory holds one weight and its quantization at a time."""
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    data = path.with_name(path.name + ".int8.data")
+    external = any(external_span(t) for t in weights.values())  # a large graph (shared.py): so is its output
+    nodes, added, shared = [], [], set()
+    with open(data, "wb") as out:
+        for node in graph.node:
+            weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+            if weight is None or weight.data_type != onnx.TensorProto.FLOAT:
+                nodes.append(node)
+                continue
+            replacing, tensors = quantize_product(node, read_array(path.parent, weight), path.parent)
+            nodes += [n for n in replacing if not (n.op_type == "DynamicQuantizeLinear" and n.input[0] in shared)]
+            shared.add(node.input[0])
+            added += [append_external(t, out, data.name) if external else t for t in tensors]
+    read = {name for node in nodes for name in node.input} | {v.name for v in graph.output}
+    kept = [t for t in graph.initializer if t.name in read] + added
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    stale = {span[0] for t in weights.values() if (span := external_span(t))} - \
+        {span[0] for t in kept if (span := external_span(t))}
+    onnx.save(model, str(path))
+    for name in stale:
+        (path.parent / name).unlink(missing_ok=True)
+    if not added or all(external_span(t) is None for t in added):
+        data.unlink()
+    return dict(QUANTIZATION)
+
+
+def append_external(tensor: onnx.TensorProto, out, location: str) -> onnx.TensorProto:
+    """Move a tensor's bytes (SMALLEST or more) to the end of the open data file `out`, page-aligned."""
+    if len(tensor.raw_data) < SMALLEST:
+        return tensor
+    out.write(bytes(-out.tell() % PAGE))
+    offset = out.tell()
+    out.write(tensor.raw_data)
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in zip(("location", "offset", "length"), (location, str(offset), str(out.tell() - offset))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor
+
+
+def read_array(directory: Path, tensor) -> np.ndarray:
+    """An initializer's values, read from its external data where it has some (a read, not a mapping)."""
+    from onnx import numpy_helper
+
+    span = external_span(tensor)
+    if span is None:
+        return numpy_helper.to_array(tensor)
+    location, offset, length = span
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    with open(directory / location, "rb") as f:
+        f.seek(offset)
+        array = np.fromfile(f, dtype=dtype, count=length // dtype.itemsize)
+    return array.reshape(tuple(tensor.dims))
+
+
+def quantize_product(node, weight: np.ndarray, directory: Path) -> tuple[list, list]:
+    """quantize_dynamic's nodes and initializers for the one product `node` (X @ W, W = `weight`)."""
+    import tempfile
+
+    import onnx
+    from onnx import helper, numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     q = QUANTIZATION
-    fp32 = path.with_suffix(".fp32.onnx")
-    path.rename(fp32)
-    transpose_constant_weights(fp32)
-    external = bool(external_data_locations(fp32))  # a large graph (twostep.exporter.shared): so is its output
+    x, w = node.input
+    product = helper.make_graph(
+        [helper.make_node("MatMul", [x, w], list(node.output), node.name)], "product",
+        [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, ["rows", weight.shape[0]])],
+        [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, w)])
+    one = helper.make_model(product, opset_imports=[helper.make_opsetid("", 18)])
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer logs advice on the root logger
-    try:
-        quantize_dynamic(
-            str(fp32), str(path), op_types_to_quantize=q["op_types"],
-            weight_type=getattr(QuantType, q["weight_type"]), per_channel=q["per_channel"],
-            reduce_range=q["reduce_range"], extra_options={"MatMulConstBOnly": q["matmul_const_b_only"]},
-            use_external_data_format=external,
-        )
-    finally:
-        root.setLevel(level)
-        for name in external_data_locations(fp32):
-            (fp32.parent / name).unlink(missing_ok=True)
-        fp32.unlink()
-    return dict(q)
-
-
-def transpose_constant_weights(path: Path) -> int:
-    """MatMul(x, Transpose(W)) with W an initializer becomes MatMul(x, W_t), W_t a new initializer (W itself
-    stays for its other readers, the embedding's Gather): the quantizer only quantizes constant weights, and a
-    tied generator (the d x vocab product, the largest of a step) would stay fp32. A graph with external data is
-    saved again in any case, its data in a file of its own name. Returns how many."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(path))
-    graph = model.graph
-    weights = {init.name: init for init in graph.initializer}
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    done = 0
-    for node in list(graph.node):
-        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
-        if node.op_type != "Transpose" or node.input[0] not in weights or perm != [1, 0]:
-            continue
-        users = readers.get(node.output[0], [])
-        if not users or any(u.op_type != "MatMul" or u.input[1] != node.output[0] for u in users):
-            continue
-        array = numpy_helper.to_array(weights[node.input[0]])
-        graph.initializer.append(numpy_helper.from_array(array.T.copy(), node.output[0]))
-        graph.node.remove(node)  # its output is now the initializer of the same name
-        done += 1
-    if done or external_data_locations(path):
-        save_graph(model, path)
-    return done
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        try:
+            quantize_dynamic(one, Path(tmp) / "q.onnx", op_types_to_quantize=q["op_types"],
+                             weight_type=getattr(QuantType, q["weight_type"]), per_channel=q["per_channel"],
+                             reduce_range=q["reduce_range"],
+                             extra_options={"MatMulConstBOnly": q["matmul_const_b_only"]})
+        finally:
+            root.setLevel(level)
+        quantized = onnx.load(str(Path(tmp) / "q.onnx"))
+    return list(quantized.graph.node), list(quantized.graph.initializer)
 
 
 def fuse_transformer_ops(path: Path, n_heads: int, d_model: int) -> dict:

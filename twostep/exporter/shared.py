@@ -30,7 +30,9 @@ SMALLEST = 1024  # bytes: smaller tensors stay where they are (a reference costs
 
 EXTERNAL_DATA_BYTES = 1 << 30  # parameter bytes past which an artifact keeps its weights in WEIGHTS
 WEIGHTS = "weights.data"
-ALIGN = 64  # each tensor's offset in WEIGHTS
+PAGE = 4096  # each tensor's offset in a data file: ONNX Runtime maps page-aligned external data
+CHUNK = 64 << 20  # bytes copied at once
+IN_FLIGHT = 256 << 20  # bytes of tensors a writer holds at once (one tensor at a time past that)
 
 # Field numbers of onnx.proto: ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
 MODEL_GRAPH, GRAPH_INITIALIZER, TENSOR_RAW_DATA = 7, 5, 9
@@ -124,34 +126,76 @@ def save_graph(model: onnx.ModelProto, path: Path) -> None:
         (path.parent / name).unlink(missing_ok=True)
 
 
+def external_span(tensor: onnx.TensorProto) -> tuple[str, int, int] | None:
+    """(location, offset, length) of an initializer kept as external data, else None."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    return info["location"], int(info.get("offset", 0)), int(info["length"])
+
+
+def copy_span(source, offset: int, length: int, out, digest) -> None:
+    """Copy `length` bytes at `offset` of the open file `source` to `out`, hashing them into `digest`, CHUNK
+    bytes at a time: read, not mapped, so that the copy holds one chunk of memory."""
+    source.seek(offset)
+    while length:
+        chunk = source.read(min(CHUNK, length))
+        if not chunk:
+            raise OSError(f"{source.name}: external data ends {length} bytes early")
+        digest.update(chunk)
+        out.write(chunk)
+        length -= len(chunk)
+
+
 def store_once(graphs: list[Path]) -> int:
-    """Move every initializer of `graphs` (files of one directory, their external data loaded from there) of
-    SMALLEST bytes or more into the directory's WEIGHTS file, each distinct content once, and remove the data
-    files they used before. Returns the bytes of WEIGHTS."""
-    weights = graphs[0].parent / WEIGHTS
+    """Move every initializer of `graphs` (files of one directory, their external data beside them) of
+    SMALLEST bytes or more into the directory's WEIGHTS file, each distinct content once, at page-aligned
+    offsets, and remove the data files they used before. Streams: a graph's structure is loaded without its
+    data, and each tensor is copied chunk by chunk (a tensor whose bytes are already in WEIGHTS is written,
+    found to be a copy, and cut off again). Returns the bytes of WEIGHTS."""
+    directory = graphs[0].parent
+    weights = directory / WEIGHTS
     stale: set[str] = set()
     offsets: dict[bytes, tuple[int, int]] = {}
-    with open(weights, "wb") as out:
+    with open(weights, "w+b") as out:
         for path in graphs:
-            stale |= external_data_locations(path)
-            model = onnx.load(str(path))
-            for tensor in model.graph.initializer:
-                raw = tensor.raw_data
-                if len(raw) < SMALLEST:
-                    continue
-                digest = hashlib.sha256(raw).digest()
-                if digest not in offsets:
-                    out.write(bytes(-out.tell() % ALIGN))
-                    offsets[digest] = (out.tell(), len(raw))
-                    out.write(raw)
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                for key, value in zip(("location", "offset", "length"), (WEIGHTS, *map(str, offsets[digest]))):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = key, value
+            model = onnx.load(str(path), load_external_data=False)
+            sources = {}
+            try:
+                for tensor in model.graph.initializer:
+                    span = external_span(tensor)
+                    if span is None and len(tensor.raw_data) < SMALLEST:
+                        continue
+                    start = out.seek(0, 2)
+                    start += out.write(bytes(-start % PAGE))
+                    digest = hashlib.sha256()
+                    if span is None:
+                        digest.update(tensor.raw_data)
+                        out.write(tensor.raw_data)
+                        length = len(tensor.raw_data)
+                    else:
+                        location, offset, length = span
+                        stale.add(location)
+                        if location not in sources:
+                            sources[location] = open(directory / location, "rb")  # noqa: SIM115 (closed below)
+                        copy_span(sources[location], offset, length, out, digest)
+                    key = digest.digest()
+                    if key in offsets:
+                        out.truncate(start)
+                    else:
+                        offsets[key] = (start, length)
+                    tensor.ClearField("raw_data")
+                    del tensor.external_data[:]
+                    tensor.data_location = onnx.TensorProto.EXTERNAL
+                    for k, value in zip(("location", "offset", "length"), (WEIGHTS, *map(str, offsets[key]))):
+                        entry = tensor.external_data.add()
+                        entry.key, entry.value = k, value
+            finally:
+                for source in sources.values():
+                    source.close()
             onnx.save(model, str(path))
             del model
-        size = out.tell()
+        size = out.seek(0, 2)
     for name in stale - {WEIGHTS}:
-        (weights.parent / name).unlink(missing_ok=True)
+        (directory / name).unlink(missing_ok=True)
     return size

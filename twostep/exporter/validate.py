@@ -4,6 +4,7 @@ shapes different from the trace shapes, with a per-output tolerance table. Every
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,3 +279,119 @@ def compare_sessions(candidate: Backend, reference: Backend, precision: str = "f
                 rows += 1
         report.cases += 1
     return report
+
+
+class Recorded(Backend):
+    """A reference's answers kept on disk, so that validation can compare a candidate with a model no longer in
+    memory (export: the eager model's weights and the ONNX graphs' each take the model's size; at 3B, one of
+    them fits the machine). Wrapping the reference (`live`), it answers each call from the reference and keeps
+    the answer in `directory`; without it (`Recorded(None, directory, config, graphs)`, after the reference is
+    gone), from what was kept. A call is known by its graph and inputs; a session's step by every call made on
+    that session before it. A call that was not recorded is a bug in the order of the calls: KeyError."""
+
+    decoder = "decoder"
+
+    def __init__(self, live: Backend | None, directory: Path, config=None, graphs=None):
+        super().__init__(live.config if live else config, live.graphs if live else graphs)
+        self.live, self.directory = live, Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _load(self) -> None:
+        pass
+
+    def _run(self, graph: str, feeds, outputs=None):
+        digest = hashlib.sha256(graph.encode())
+        for name in sorted(feeds):
+            digest.update(name.encode() + str(feeds[name].shape).encode() + np.ascontiguousarray(feeds[name]).tobytes())
+        return self.answer(digest.hexdigest(), lambda: self.live.run(graph, feeds))
+
+    def answer(self, key: str, compute) -> dict[str, np.ndarray]:
+        file = self.directory / f"{key}.npz"
+        if file.is_file():
+            with np.load(file) as kept:
+                return dict(kept)
+        if self.live is None:
+            raise KeyError(f"no recorded answer {key}: the calls differ from the recording's")
+        result = compute()
+        np.savez(file, **result)
+        return result
+
+    def session(self) -> RecordedSession:
+        return RecordedSession(self)
+
+
+class RecordedSession:
+    """A session of Recorded: each call is folded into a running digest; a step answers by it."""
+
+    def __init__(self, owner: Recorded):
+        self.owner = owner
+        self.live = owner.live.session() if owner.live is not None else None
+        self.digest = hashlib.sha256(b"session")
+
+    def fold(self, call: str, *arrays) -> None:
+        self.digest.update(call.encode())
+        for array in arrays:
+            array = np.asarray(array)
+            self.digest.update(str(array.shape).encode() + np.ascontiguousarray(array).tobytes())
+
+    def start(self, input_ids, attention_mask) -> None:
+        self.fold("start", input_ids, attention_mask)
+        if self.live is not None:
+            self.live.start(input_ids, attention_mask)
+
+    def admit(self, input_ids, attention_mask, sources, rows) -> None:
+        self.fold("admit", input_ids, attention_mask, sources, rows)
+        if self.live is not None:
+            self.live.admit(input_ids, attention_mask, sources, rows)
+
+    def release(self, rows) -> None:
+        self.fold("release", rows)
+        if self.live is not None:
+            self.live.release(rows)
+
+    def reorder(self, origin, cache_only: bool = False) -> None:
+        self.fold("reorder", origin, np.array(cache_only))
+        if self.live is not None:
+            self.live.reorder(origin, cache_only)
+
+    def step(self, input_ids) -> np.ndarray:
+        self.fold("step", input_ids)
+        key = self.digest.copy().hexdigest()
+        return self.owner.answer(key, lambda: {"logits": self.live.step(input_ids)})["logits"]
+
+    def search_step(self, input_ids, need_logits: bool = True) -> dict[str, np.ndarray]:
+        return {"logits": self.step(input_ids)}
+
+
+class Blank:
+    """The candidate of a recording run (record): the recording's answers for the graphs, zeros for a session's
+    steps (what it answers is not looked at)."""
+
+    decoder = "recording"
+
+    def __init__(self, recording: Recorded):
+        self.recording, self.graphs = recording, recording.graphs
+
+    def run(self, graph: str, feeds, outputs=None):
+        return self.recording.run(graph, feeds, outputs)
+
+    def session(self) -> Blank:
+        return self
+
+    def start(self, *args, **kwargs) -> None:
+        pass
+
+    admit = release = reorder = start
+
+    def search_step(self, input_ids, need_logits: bool = True) -> dict[str, np.ndarray]:
+        return {"logits": np.zeros((input_ids.shape[0], self.recording.config.tgt_vocab_size), np.float32)}
+
+
+def record(reference: Backend, directory: Path, grid: Grid = EXPORT_GRID) -> Recorded:
+    """Run `reference` on every call that compare_backend and compare_sessions make of a reference on `grid`,
+    keeping its answers in `directory` (the comparisons themselves make the calls, against a Blank candidate);
+    returns the recording, to be replayed with Recorded(None, ...) once the reference is gone."""
+    recording = Recorded(reference, directory)
+    compare_graphs(Blank(recording), recording, "fp32", grid)
+    compare_sessions(Blank(recording), recording, "fp32", grid=grid)
+    return recording

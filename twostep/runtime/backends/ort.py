@@ -32,9 +32,10 @@ class OrtBackend(Backend):
     spin_between_runs = False  # pool threads stop spinning when a run returns (session_options)
 
     def __init__(self, artifact: Artifact, threads: int | None = None, optimization: str = "all",
-                 kv_cache: str = "auto"):
+                 kv_cache: str = "auto", prepack: bool = True):
         super().__init__(artifact.config, artifact.graphs)
         self.artifact, self.threads, self.optimization = artifact, threads, optimization
+        self.prepack = prepack
         self.precision = artifact.precision
         self.sessions: dict = {}
         if kv_cache not in KV_CACHES:
@@ -96,6 +97,10 @@ class OrtBackend(Backend):
             # decoder's, between steps, from the bookkeeping and HTTP threads (docs/benchmarks.md, "In-flight
             # vs static batching").
             options.add_session_config_entry("session.force_spinning_stop", "1")
+        if not self.prepack:
+            # The weights stay where they are mapped (external data) instead of each MatMul's being copied into
+            # its packed layout: export's validation opens the decoders side by side, at a 3B model's size.
+            options.add_session_config_entry("session.disable_prepacking", "1")
         return options
 
     def _load(self) -> None:
