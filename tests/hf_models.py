@@ -305,14 +305,9 @@ def t5_dir(out: Path, madlad: bool = False, seed: int = 0, train_steps: int = ST
     20, so that sentences of NEW_TOKENS reach the logarithmic and the last buckets; T5's padding rows in the
     embedding; a few extra ids (sentinels) in T5's."""
     import torch
-    from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
+    from transformers import T5Config, T5ForConditionalGeneration
 
-    work = out / "src"
-    work.mkdir(parents=True, exist_ok=True)
-    symbols = [f"<2{c}>" for c in MADLAD_CODES] if madlad else []
-    spm_file = train_spm(work / "spiece.model", SOURCE_TEXT + TARGET_TEXT, 80, model_type="unigram", pad_id=0,
-                         eos_id=1, unk_id=2, bos_id=-1, user_defined_symbols=symbols)
-    tokenizer = T5Tokenizer.from_pretrained(work, extra_ids=0 if madlad else 5)
+    tokenizer, spm_file = t5_tokenizer(out, madlad)
     config = T5Config(vocab_size=len(tokenizer) + PADDING_ROWS, feed_forward_proj="gated-gelu",
                       tie_word_embeddings=False, **T5_SIZES)
     model = T5ForConditionalGeneration(config).eval()
@@ -321,10 +316,52 @@ def t5_dir(out: Path, madlad: bool = False, seed: int = 0, train_steps: int = ST
     # of their own (mT5's and MADLAD's checkpoints do): give it its own
     model.lm_head.weight = torch.nn.Parameter(model.shared.weight.detach() * 2)
     train(model, tokenizer, train_steps, prefix="<2fr> " if madlad else "")
+    return save_t5(model, tokenizer, spm_file, out)
+
+
+# transformers' T5 init gives logit rows of rms sqrt(d_model): a width at which the fixed fp32 tolerance (atol 1e-4
+# + rtol 1e-4) refused a dozen logits of a correct graph (docs/guarantees.md, "The parity tolerance"), everything
+# else as small as T5 allows
+T5_INIT_SIZES = {**T5_SIZES, "d_model": 16384, "d_kv": 8, "num_heads": 1, "d_ff": 8, "num_layers": 1,
+                 "num_decoder_layers": 1}
+
+
+def t5_init_dir(out: Path, vocab_size: int = 128, seed: int = 0) -> Path:
+    """A T5 v1.1-shaped model at T5_INIT_SIZES as transformers initializes it, untrained (T5PreTrainedModel.
+    _init_weights: the embedding and an output layer of its own of std 1, the projections of std 1 / sqrt(fan-in),
+    the queries' a further 1 / sqrt(d_kv)); t5_dir's tokenizer, the embedding padded to `vocab_size` rows."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    tokenizer, spm_file = t5_tokenizer(out)
+    config = T5Config(vocab_size=vocab_size, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                      **T5_INIT_SIZES)
+    torch.manual_seed(seed)
+    model = T5ForConditionalGeneration(config).eval()
+    # transformers 5 ties the output layer on construction: an own one, as _init_weights draws it when untied
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * config.initializer_factor)
+    return save_t5(model, tokenizer, spm_file, out)
+
+
+def t5_tokenizer(out: Path, madlad: bool = False):
+    """T5Tokenizer over a SentencePiece model trained into out/src (T5's pad 0, eos 1, unk 2, no bos), with 5 extra
+    ids, or, `madlad`, MADLAD's <2xx> pieces and none: (tokenizer, its spiece.model)."""
+    from transformers import T5Tokenizer
+
+    work = out / "src"
+    work.mkdir(parents=True, exist_ok=True)
+    symbols = [f"<2{c}>" for c in MADLAD_CODES] if madlad else []
+    spm_file = train_spm(work / "spiece.model", SOURCE_TEXT + TARGET_TEXT, 80, model_type="unigram", pad_id=0,
+                         eos_id=1, unk_id=2, bos_id=-1, user_defined_symbols=symbols)
+    return T5Tokenizer.from_pretrained(work, extra_ids=0 if madlad else 5), spm_file
+
+
+def save_t5(model, tokenizer, spm_file: Path, out: Path) -> Path:
+    """save_pretrained, spiece.model beside it, and config.json as the hub's mT5 and MADLAD configs say it."""
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     shutil.copy(spm_file, out / "spiece.model")
-    config = json.loads((out / "config.json").read_text())  # as the hub's mT5 and MADLAD configs say it
+    config = json.loads((out / "config.json").read_text())
     config.pop("scale_decoder_outputs", None)
     (out / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}, indent=2))
     return out

@@ -41,6 +41,7 @@ from twostep.exporter.graphs import TRACE_SIZES
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
 from twostep.exporter.validate import (
     EXPORT_GRID,
+    TOLERANCE_RULE,
     TOLERANCES,
     ParityReport,
     Recorded,
@@ -286,6 +287,6 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             raise ParityFailure(f"{len(report.failures)} parity failure(s) after export:\n  "
                                 + "\n  ".join(report.failures[:50]))
         write_manifest(tmp, manifest.replace(validation={
-            "tolerances": TOLERANCES[precision], "shape_grid": EXPORT_GRID.to_dict(), "cases": report.cases,
-            "max_error": report.max_error}))
+            "tolerances": TOLERANCES[precision], "tolerance_rule": TOLERANCE_RULE, "shape_grid": EXPORT_GRID.to_dict(),
+            "cases": report.cases, "max_error": report.max_error}))
     return ExportResult(out_dir, report, time.perf_counter() - started)
