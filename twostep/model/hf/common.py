@@ -99,11 +99,22 @@ class HFModel:
         single, index = self.path / "model.safetensors", self.path / "model.safetensors.index.json"
         if single.is_file():
             return read_safetensors(single)
-        if index.is_file():  # sharded
+        if index.is_file():  # sharded: every shard memory-mapped, none read whole
             weight_map = read_json(index, BadCheckpoint).get("weight_map", {})
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise BadCheckpoint(f"{index}: expected a weight_map object of tensor name -> shard file")
+            shards = sorted(set(weight_map.values()))
+            missing = [shard for shard in shards if not (self.path / shard).is_file()]
+            if missing:
+                raise BadCheckpoint(f"{self.path}: {', '.join(missing)} missing ({index.name} names {len(shards)} "
+                                    "shards); copy every shard of the model")
             sd: StateDict = {}
-            for shard in sorted(set(weight_map.values())):
+            for shard in shards:
                 sd.update(read_safetensors(self.path / shard))
+            absent = sorted(name for name, shard in weight_map.items() if name not in sd)
+            if absent:
+                raise BadCheckpoint(f"{index}: names {len(absent)} tensor(s) its shards lack ({', '.join(absent[:3])}"
+                                    f"{', ...' if len(absent) > 3 else ''}); the shards are not this index's")
             return sd
         if (self.path / "pytorch_model.bin").is_file():
             return read_state_dict(self.path / "pytorch_model.bin")  # weights_only=True
