@@ -125,23 +125,26 @@ def available_memory() -> int | None:
         return None
 
 
-# What a process building a graph holds besides the model's weights (mapped once for all processes, from the
-# checkpoint's file): torch.export's and the translation's objects and one weight being written, measured at
-# MADLAD-400's layer shape (docs/benchmarks.md, "Exporting 3B models").
-JOB_OVERHEAD = 1 << 30
-JOB_SHARE = 0.15  # of the parameters' bytes
+def memory_budget(parameter_bytes: int) -> int:
+    """What an export may hold at its peak, its workers included: the weights (mapped once for every process
+    from the checkpoint's file, then from the artifact's) and 0.3x them plus 1.5 GiB besides."""
+    return int(1.3 * parameter_bytes) + (3 << 29)
 
 
-def default_jobs(graphs: int, parameter_bytes: int) -> int:
-    """Processes building the graphs: one a graph, at most one a core, and as many as the memory available now
-    holds: the weights once (every process maps the same checkpoint file) and each process's own part."""
+def default_jobs(graphs: int, parameter_bytes: int, largest_tensor: int) -> int:
+    """Processes building the graphs: one a graph, at most one a core, and as many as memory holds, the
+    machine's available memory and the export's budget (memory_budget) both. Every process maps the same
+    checkpoint file, so the weights count once; a process building a graph holds besides them its trace
+    (about 0.5 GiB at MADLAD-400's layer shape) and a weight being transposed as it is written, and the
+    process that records the eager model's answers (export.build_graphs) its activations."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     jobs = min(graphs, cores)
+    own = 2 * largest_tensor + (1 << 29)
+    room = memory_budget(parameter_bytes) - parameter_bytes
     available = available_memory()
     if available is not None:
-        own = JOB_OVERHEAD + JOB_SHARE * parameter_bytes
-        jobs = min(jobs, int((available - parameter_bytes) // own))
-    return max(1, jobs)
+        room = min(room, available - parameter_bytes)
+    return max(1, min(jobs, int(room // own) - 1))
 
 
 def disk_needed(parameter_bytes: int, graphs: int, precision: str, jobs: int) -> int:
@@ -167,25 +170,34 @@ def check_disk(out_dir: Path, needed: int) -> None:
 def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo], tmp: Path, opset: int,
                  optimize: bool, precision: str, jobs: int,
                  answers: Path) -> tuple[list[tuple[dict | None, dict | None]], Recorded]:
-    """build_graph for each graph: `jobs - 1` worker processes (twostep.exporter.worker, which load the
-    checkpoint themselves) take one graph each, the decoders first (they take longest), and this process
-    builds the rest meanwhile, then records the eager model's answers to validation's calls in `answers`
-    (validate.record): the graphs are validated against that recording once the model is gone. A worker's
-    user error is raised here as the same error; a worker's crash as a RuntimeError carrying its traceback.
-    Returns each graph's (fusions, quantization) and the recording."""
+    """build_graph for each graph, in worker processes (twostep.exporter.worker, which load the checkpoint
+    themselves), while this process records the eager model's answers to validation's calls in `answers`
+    (validate.record): the graphs are validated against that recording once the model is gone.
+
+    A small model's graphs are shared out among this process and `jobs - 1` workers, the decoders first (they
+    take longest). A large one's (past shared.EXTERNAL_DATA_BYTES) are all traced in `jobs` workers: a trace
+    leaves parameters held by torch's own caches (torch.export's, out of Python's reach), so the process that
+    traced keeps the model's weights mapped until it ends, and this one must drop them before validation. A
+    worker's user error is raised here as the same error; a worker's crash as a RuntimeError carrying its
+    traceback. Returns each graph's (fusions, quantization) and the recording."""
     order = sorted(graphs, key=lambda info: info.name != "decoder")  # the plain decoder takes longest
-    away, here = order[: jobs - 1], order[jobs - 1 :]
+    large = sum(p.numel() * p.element_size() for p in model.parameters()) > shared.EXTERNAL_DATA_BYTES
+    if large:
+        shares, here = [order[i::jobs] for i in range(jobs)], []
+    else:
+        shares, here = [[info] for info in order[: jobs - 1]], order[jobs - 1 :]
     workers = {}
     try:
-        for info in away:
-            call = {"checkpoint": str(ckpt_dir), "graph": info.name, "path": str(tmp / info.file), "opset": opset,
-                    "optimize": optimize, "precision": precision, "parent": os.getpid()}
+        for share in shares:
+            call = {"checkpoint": str(ckpt_dir), "graphs": {info.name: str(tmp / info.file) for info in share},
+                    "opset": opset, "optimize": optimize, "precision": precision, "parent": os.getpid(),
+                    "external_data_bytes": shared.EXTERNAL_DATA_BYTES}
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
             process = subprocess.Popen([sys.executable, "-m", "twostep.exporter.worker"], stdin=subprocess.PIPE,
                                        stdout=out, stderr=err, text=True)
             process.stdin.write(json.dumps(call))
             process.stdin.close()
-            workers[info.name] = process, out, err
+            workers[", ".join(info.name for info in share)] = process, out, err
         results = {info.name: build_graph(model, info.name, tmp / info.file, opset, optimize, precision)
                    for info in here}
         with TorchBackend(model) as eager:
@@ -198,10 +210,10 @@ def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo]
             answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
             if "error" in answer:
                 raise getattr(errors, answer["error"], errors.TwostepError)(answer["message"])
-            if process.returncode != 0 or "fusions" not in answer:
+            if process.returncode != 0 or "built" not in answer:
                 raise RuntimeError(f"the worker process building {name} failed (exit status {process.returncode}):"
                                    f"\n{err.read()[-4000:]}")
-            results[name] = answer["fusions"], answer["quantization"]
+            results.update({graph: (r["fusions"], r["quantization"]) for graph, r in answer["built"].items()})
     finally:
         for process, out, err in workers.values():
             if process.poll() is None:
@@ -238,7 +250,8 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
     graphs = [GRAPHS[name] for name in CONTRACT] + chosen
     out_dir = Path(out_dir)
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    jobs = default_jobs(len(graphs), parameter_bytes) if jobs is None else max(1, jobs)
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    jobs = default_jobs(len(graphs), parameter_bytes, largest) if jobs is None else max(1, jobs)
     check_disk(out_dir, disk_needed(parameter_bytes, len(graphs), precision, jobs))
     with output_directory(out_dir, ARTIFACT, force) as tmp, \
             tempfile.TemporaryDirectory(prefix=".validation-", dir=tmp.parent) as answers:
