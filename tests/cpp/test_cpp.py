@@ -603,7 +603,8 @@ def test_cpp_refuses_a_bad_decoding_section_and_detokenize_as_one_line(cpp_build
 
     for name, change, message in (
             ("decoding", lambda m: m["decoding"].update(beam_stop="fairseq"),
-             "decoding: bad decoding options: beam_stop must be one of n_best, transformers, ctranslate2"),
+             "decoding: bad decoding options: beam_stop must be one of n_best, transformers, transformers_early, "
+             "transformers_never, ctranslate2"),
             ("detokenize", lambda m: m["tokenizer"].update(detokenize="moses"),
              "detokenize 'moses' is not one of sentencepiece, argos")):
         art = tmp_path / name

@@ -146,7 +146,8 @@ class DecodeOptions:
         for name, bound in BOUNDS.items():
             value = getattr(self, name)
             if not (value is None and name in ("seed", "max_new_tokens")) and not bound.admits(value):
-                problems.append(f"{name.replace('_size', ' size')} must be {bound.words()}, got {value!r}")
+                shown = "beam size" if name == "beam_size" else name
+                problems.append(f"{shown} must be {bound.words()}, got {value!r}")
         if BOUNDS["beam_size"].admits(self.beam_size) and BOUNDS["n_best"].admits(self.n_best) \
                 and self.n_best > self.beam_size:
             problems.append(f"n_best must be at most the beam size {self.beam_size}, got {self.n_best!r}")
