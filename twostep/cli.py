@@ -574,6 +574,9 @@ def import_cmd(
     c = ckpt.config
     out.print(f"wrote {out_dir}: {fmt}, {c.d_model}d, {c.n_encoder_layers}+{c.n_decoder_layers} layers, "
               f"{c.n_heads} heads, {ckpt.model.num_parameters():,} parameters")
+    if ckpt.info.get("decoding"):  # what translate, serve and the C++ library decode with where nothing is said
+        out.print("decoding defaults: " + ", ".join(f"{k} {v}" for k, v in ckpt.info["decoding"].items()),
+                  markup=False, highlight=False)
 
 
 def main() -> None:
