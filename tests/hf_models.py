@@ -233,11 +233,13 @@ def finish(model, tokenizer, out: Path, spm_file: Path | None, seed: int, train_
     return out
 
 
-def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int = 1, src_lang: str | None = None,
-              tgt_lang: str | None = None) -> tuple[list[list[int]], list[str], list[float] | None]:
+def reference(model_dir: Path, texts: list[str], max_new_tokens: int | None, beams: int | None = 1,
+              src_lang: str | None = None, tgt_lang: str | None = None,
+              ) -> tuple[list[list[int]], list[str], list[float] | None]:
     """transformers' generate() (greedy, or beam search with `beams`) one sentence at a time: the generated ids
     (without the start token, a forced language token and eos), the decoded text and, for beam search, the
-    best hypothesis' `sequences_scores` (its log-probability divided by its length ** length_penalty)."""
+    best hypothesis' `sequences_scores` (its log-probability divided by its length ** length_penalty).
+    `max_new_tokens` or `beams` None: the model's generation config's."""
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -251,6 +253,7 @@ def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int
     if tgt_lang and not (marian or madlad):
         kwargs["forced_bos_token_id"] = (tokenizer.get_lang_id(tgt_lang) if hasattr(tokenizer, "get_lang_id")
                                          else tokenizer.convert_tokens_to_ids(tgt_lang))
+    settings = {k: v for k, v in (("max_new_tokens", max_new_tokens), ("num_beams", beams)) if v is not None}
     tokens, texts_out, scores = [], [], []
     for text in texts:
         if tgt_lang and marian:
@@ -259,10 +262,10 @@ def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int
             text = f"<2{tgt_lang}> {text}"
         batch = tokenizer([text], return_tensors="pt")
         with torch.no_grad():
-            result = model.generate(**batch, max_new_tokens=max_new_tokens, num_beams=beams, do_sample=False,
-                                    output_scores=True, return_dict_in_generate=True, **kwargs)
+            result = model.generate(**batch, **settings, do_sample=False, output_scores=True,
+                                    return_dict_in_generate=True, **kwargs)
         out = result.sequences[0].tolist()
-        if beams > 1:
+        if getattr(result, "sequences_scores", None) is not None:  # beam search
             scores.append(float(result.sequences_scores[0]))
         # transformers 5's M2M100Tokenizer keeps language tokens in decoded text even with skip_special_tokens
         # (4.x dropped them, as twostep does): the text is that of the tokens after the forced language token.
@@ -273,7 +276,7 @@ def reference(model_dir: Path, texts: list[str], max_new_tokens: int, beams: int
         if model.generation_config.eos_token_id in out:
             out = out[: out.index(model.generation_config.eos_token_id)]
         tokens.append(out)
-    return tokens, texts_out, scores if beams > 1 else None
+    return tokens, texts_out, scores or None
 
 
 def zero_start_embedding(model_dir: Path) -> Path:

@@ -112,7 +112,10 @@ def test_a_bad_decoding_section_is_one_line(argos, tmp_path):
     shutil.copytree(art, bad)
     manifest = json.loads((bad / "manifest.json").read_text())
     for decoding, fragment in [({"beam": 4}, "unknown option 'beam'"), ({"beam_size": "4"}, "beam_size is str"),
-                               ([4], "'decoding' is list"), ({"beam_stop": "fairseq"}, "beam_stop must be one of")]:
+                               ([4], "'decoding' is list"), ({"beam_stop": "fairseq"}, "beam_stop must be one of"),
+                               ({"no_repeat_ngram_size": "2"}, "no_repeat_ngram_size is str"),
+                               ({"no_repeat_ngram_size": -1},
+                                "no_repeat_ngram_size must be an integer in [0, 1048576], got -1")]:
         (bad / "manifest.json").write_text(json.dumps({**manifest, "decoding": decoding}))
         result = twostep("translate", bad, "Hello world.")
         assert_user_error(result, fragment)

@@ -132,7 +132,11 @@ def translate(
                                            "fr_XX; multilingual Marian: fra)."),
     beam_stop: Optional[str] = typer.Option(None, show_default=False, help=(
         "Beam search's stopping rule: n_best (twostep's), transformers (its generate()'s: keeps --beam finished "
-        "hypotheses, may run longer), or ctranslate2 (CTranslate2's beam search, as Argos Translate decodes). "
+        "hypotheses, may run longer; transformers_early and transformers_never: with early_stopping true and "
+        "\"never\"), or ctranslate2 (CTranslate2's beam search, as Argos Translate decodes). "
+        f"{DEFAULTS}")),
+    no_repeat_ngram_size: Optional[int] = typer.Option(None, min=0, show_default=False, help=(
+        "Never repeat an n-gram of this size (transformers' no_repeat_ngram_size; 0: no such rule). "
         f"{DEFAULTS}")),
     split: bool = typer.Option(True, "--split/--no-split", help=(
         "Translate each text sentence by sentence, keeping the spaces, line breaks and paragraphs between "
@@ -153,7 +157,7 @@ def translate(
         raise TwostepError("no input: give texts as arguments or on stdin")
     options = dict(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
-                   min_new_tokens=min_new_tokens, beam_stop=beam_stop,
+                   min_new_tokens=min_new_tokens, beam_stop=beam_stop, no_repeat_ngram_size=no_repeat_ngram_size,
                    replace_unknowns=replace_unknowns)  # None: the model's default
     extra = {"threads": threads} if threads else {}
     if device != "cpu":
@@ -570,6 +574,9 @@ def import_cmd(
     c = ckpt.config
     out.print(f"wrote {out_dir}: {fmt}, {c.d_model}d, {c.n_encoder_layers}+{c.n_decoder_layers} layers, "
               f"{c.n_heads} heads, {ckpt.model.num_parameters():,} parameters")
+    if ckpt.info.get("decoding"):  # what translate, serve and the C++ library decode with where nothing is said
+        out.print("decoding defaults: " + ", ".join(f"{k} {v}" for k, v in ckpt.info["decoding"].items()),
+                  markup=False, highlight=False)
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ const char* kUsage =
     "usage: twostep-translate ART_DIR [--beam N] [--n-best N] [--length-penalty X] [--threads N]\n"
     "                         [--provider cpu|cuda] [--io-binding] [--ids] [--scores] [--max-new-tokens N]\n"
     "                         [--suppress-eos] [--batch-size N] [--warmup N --repeat N]\n"
-    "                         [--beam-stop n_best|transformers|ctranslate2] [--min-new-tokens N]\n"
+    "                         [--beam-stop n_best|transformers|transformers_early|transformers_never|ctranslate2]\n"
+    "                         [--min-new-tokens N] [--no-repeat-ngram-size N]\n"
     "                         [--src-lang CODE] [--tgt-lang CODE] [--stream] [--kv-cache auto|inplace|concat]\n"
     "                         [--replace-unknowns | --keep-unknowns]\n"
     "Reads one sentence a line from stdin (with --ids: space-separated token ids ending with eos) and prints\n"
@@ -25,8 +26,10 @@ const char* kUsage =
     "(always so with --provider cuda). --kv-cache: the decoder (auto: the artifact's in-place one, where it has\n"
     "one, on the CPU without --io-binding; concat: the plain one). --src-lang and --tgt-lang pick a multilingual\n"
     "model's languages (with --ids only --tgt-lang counts: the source ids are taken as given). --beam-stop\n"
-    "transformers stops beam search as transformers' generate() does, ctranslate2 as CTranslate2 does.\n"
-    "--min-new-tokens N keeps eos out until N tokens are generated. --replace-unknowns puts in place of each\n"
+    "transformers stops beam search as transformers' generate() does (transformers_early, transformers_never: with\n"
+    "early_stopping true, \"never\"), ctranslate2 as CTranslate2 does. --min-new-tokens N keeps eos out until N\n"
+    "tokens are generated. --no-repeat-ngram-size N never repeats an n-gram of N tokens (transformers'\n"
+    "no_repeat_ngram_size). --replace-unknowns puts in place of each\n"
     "<unk> the source piece the model's alignment weighs most (a model imported from CTranslate2 or Argos\n"
     "Translate); --keep-unknowns leaves them as decoded (out of the text). The decoding options not given are the\n"
     "artifact's decoding defaults (manifest.json \"decoding\"; an Argos Translate package's beam 4, ...), else\n"
@@ -129,6 +132,7 @@ int main(int argc, char** argv) {
       else if (arg == "--repeat") repeat = parse<int>(arg, value());
       else if (arg == "--beam-stop") decode.beam_stop = value();
       else if (arg == "--min-new-tokens") decode.min_new_tokens = parse<int>(arg, value());
+      else if (arg == "--no-repeat-ngram-size") decode.no_repeat_ngram_size = parse<int>(arg, value());
       else if (arg == "--src-lang") decode.src_lang = value();
       else if (arg == "--tgt-lang") decode.tgt_lang = value();
       else if (arg == "--suppress-eos") decode.suppress_eos = true;

@@ -55,16 +55,19 @@ void ban(float* row, const Ids& banned) {
 // The first `n` finite entries of numpy's stable argsort(-total) over one sentence's k*vocab candidates,
 // total = beam score + logp: descending, ties in flat-index order. -inf candidates (beams not yet alive, tokens
 // forced away) are left out, as the Python loop stops at the first one; so are their rows' log-softmax. The
-// `banned` ids count in the softmax but are never candidates: set to -inf in `logits` (the caller's) once their
-// row's normaliser is known, as kernels.beam_candidates does with its skip_token.
-void select_top(float* logits, const double* scores, int64_t k, int64_t vocab, const Ids& banned, size_t n,
-                std::vector<double>& tmp, std::vector<std::pair<double, int64_t>>& top) {
+// `banned` ids, and each beam's `repeats` (none: empty), count in the softmax but are never candidates: set to
+// -inf in `logits` (the caller's) once their row's normaliser is known, as kernels.beam_candidates does with its
+// skip and banned ids.
+void select_top(float* logits, const double* scores, int64_t k, int64_t vocab, const Ids& banned,
+                const std::vector<Ids>& repeats, size_t n, std::vector<double>& tmp,
+                std::vector<std::pair<double, int64_t>>& top) {
   top.clear();
   for (int64_t beam = 0; beam < k; ++beam) {
     if (scores[beam] == kNegInf) continue;
     float* x = logits + beam * vocab;
     const auto [mx, lse] = log_softmax_row(x, vocab, tmp);
     ban(x, banned);
+    if (!repeats.empty()) ban(x, repeats[beam]);
     for (int64_t token = 0; token < vocab; ++token) {
       const double v = scores[beam] + ((static_cast<double>(x[token]) - mx) - lse);
       if (v == kNegInf || (top.size() == n && !(v > top.back().first))) continue;
@@ -143,6 +146,18 @@ void block_early_eos(float* row, int t, int min_new_tokens, int64_t eos_id) {
   if (t < min_new_tokens) row[eos_id] = -std::numeric_limits<float>::infinity();
 }
 
+// transformers' NoRepeatNGramLogitsProcessor (Python: kernels.repeated_ngrams): the ids that would complete an
+// n-gram that [start_id, tokens...] already holds, one whose first n - 1 ids are its last n - 1 (0: none).
+Ids repeated_ngrams(int64_t start_id, const Ids& tokens, int n) {
+  Ids seq(1, start_id), out;
+  if (n < 1) return out;
+  seq.insert(seq.end(), tokens.begin(), tokens.end());
+  const int64_t length = static_cast<int64_t>(seq.size());
+  for (int64_t w = 0; w + n <= length; ++w)  // the n-gram seq[w, w + n)
+    if (std::equal(seq.begin() + w, seq.begin() + w + n - 1, seq.end() - (n - 1))) out.push_back(seq[w + n - 1]);
+  return out;
+}
+
 // Python: finished.sort(key=lambda h: -h.score) (stable); del finished[pool:]
 void keep_best(std::vector<Hypothesis>& hyps, int64_t pool) {
   std::stable_sort(hyps.begin(), hyps.end(), [](const auto& a, const auto& b) { return a.score > b.score; });
@@ -150,11 +165,17 @@ void keep_best(std::vector<Hypothesis>& hyps, int64_t pool) {
 }
 }  // namespace
 
+namespace {
+const char* kBeamStops = "n_best, transformers, transformers_early, transformers_never, ctranslate2";
+}
+
 BeamStop beam_stop(const std::string& rule) {
   if (rule == "n_best") return BeamStop::n_best;
   if (rule == "transformers") return BeamStop::transformers;
+  if (rule == "transformers_early") return BeamStop::transformers_early;
+  if (rule == "transformers_never") return BeamStop::transformers_never;
   if (rule == "ctranslate2") return BeamStop::ctranslate2;
-  throw Error("beam_stop must be one of n_best, transformers, ctranslate2, got '" + rule + "'");
+  throw Error(std::string("beam_stop must be one of ") + kBeamStops + ", got '" + rule + "'");
 }
 
 bool Bound::admits(double value) const {
@@ -209,8 +230,11 @@ std::vector<std::string> option_problems(const DecodeOptions& o, bool given) {
   if (b.beam_size.admits(beam) && b.n_best.admits(n_best) && n_best > beam)
     out.push_back("n_best must be at most the beam size " + std::to_string(beam) + ", got " + std::to_string(n_best));
   const std::string rule = o.beam_stop.value_or("n_best");
-  if (rule != "n_best" && rule != "transformers" && rule != "ctranslate2")
-    out.push_back("beam_stop must be one of n_best, transformers, ctranslate2, got '" + rule + "'");
+  if (rule != "n_best" && rule != "transformers" && rule != "transformers_early" && rule != "transformers_never" &&
+      rule != "ctranslate2")
+    out.push_back(std::string("beam_stop must be one of ") + kBeamStops + ", got '" + rule + "'");
+  const int ngram = o.no_repeat_ngram_size.value_or(0);
+  check(b.no_repeat_ngram_size, ngram, std::to_string(ngram));
   if (given && o.batch_size < 1) out.push_back("batch size must be at least 1, got " + std::to_string(o.batch_size));
   return out;
 }
@@ -244,7 +268,7 @@ double pairwise_sum(const double* a, int64_t n) {
 
 std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
                         int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced,
-                        const Progress& progress, int min_new_tokens) {
+                        const Progress& progress, int min_new_tokens, int no_repeat_ngram_size) {
   session.start(sources);
   const size_t batch = sources.size();
   const int64_t vocab = session.vocab();
@@ -253,7 +277,8 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
   std::vector<bool> done(batch, false);
   std::vector<Ids> out(batch);
   const int64_t width = session.search_width();
-  const bool outputs_suffice = width >= 1 + static_cast<int64_t>(banned.size());
+  // no_repeat_ngram_size bans any number of ids a row: the full logits
+  const bool outputs_suffice = width >= 1 + static_cast<int64_t>(banned.size()) && no_repeat_ngram_size == 0;
   std::vector<size_t> news;  // streaming: the rows whose shown tokens grew, or that finished, this step
   bool stopped = false;      // streaming: progress said stop
   for (int t = 0; t < max_new_tokens && !stopped; ++t) {
@@ -274,6 +299,7 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
         if (forced_id >= 0) force(row, vocab, forced_id);
         ban(row, banned);
         block_early_eos(row, t, min_new_tokens, s.eos_id);
+        if (forced_id < 0) ban(row, repeated_ngrams(s.start_id, out[b], no_repeat_ngram_size));
         best = argmax(row, vocab);
       }
       tokens[b] = best;
@@ -299,7 +325,8 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
                                                  const Specials& s, int beam_size, double length_penalty,
                                                  int n_best, int max_new_tokens, bool suppress_eos,
                                                  const std::vector<Ids>& forced, BeamStop stop,
-                                                 const Progress& progress, int min_new_tokens) {
+                                                 const Progress& progress, int min_new_tokens,
+                                                 int no_repeat_ngram_size) {
   if (n_best < 1 || n_best > beam_size)
     throw Error("n_best must be between 1 and the beam size " + std::to_string(beam_size) + ", got " +
                 std::to_string(n_best));
@@ -315,7 +342,11 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   int64_t width = 0;  // history's length
   Ids tokens(rows_n, s.start_id);
   const Ids banned = banned_ids(s, suppress_eos);
-  const bool transformers_stop = stop == BeamStop::transformers, ct2 = stop == BeamStop::ctranslate2;
+  const bool transformers_stop = stop == BeamStop::transformers || stop == BeamStop::transformers_early ||
+                                 stop == BeamStop::transformers_never;
+  const bool ct2 = stop == BeamStop::ctranslate2;
+  // transformers_never with length_penalty > 0: the best live hypothesis scored at the limit, where it scores best
+  const bool at_limit = stop == BeamStop::transformers_never && length_penalty > 0;
   // Finished hypotheses kept per sentence (ctranslate2: all of them, until the sentence is done).
   const int64_t pool = transformers_stop ? k : ct2 ? std::numeric_limits<int64_t>::max() : n_best;
   std::vector<bool> top_ended(batch, false);  // ctranslate2: a step's best candidate has ended (sticky)
@@ -327,10 +358,11 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   std::vector<double> tmp;
   std::vector<std::pair<double, int64_t>> top;
   const int64_t search_width = session.search_width();
-  // The search outputs suffice: they hold 2k candidates past the banned ids, and (ctranslate2) no banned id has to
-  // leave the softmax (Python: Beam.needs_logits).
-  const bool outputs_suffice =
-      search_width >= 2 * k + static_cast<int64_t>(banned.size()) && !(ct2 && !banned.empty());
+  // The search outputs suffice: they hold 2k candidates past the banned ids, (ctranslate2) no banned id has to
+  // leave the softmax, and no n-gram bans ids row by row (Python: Beam.needs_logits).
+  const bool outputs_suffice = search_width >= 2 * k + static_cast<int64_t>(banned.size()) &&
+                               !(ct2 && !banned.empty()) && no_repeat_ngram_size == 0;
+  std::vector<Ids> repeats;  // a sentence's beams' no_repeat_ngram_size bans
   // Streaming: a finished sentence's best hypothesis (finished[b] is sorted), as returned.
   auto best = [&](int64_t b) {
     return finished[b].empty() ? Ids{} : shown(finished[b][0].tokens, forced, static_cast<size_t>(b));
@@ -358,7 +390,10 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
           if (ct2) ban(row, banned);  // out of the softmax, as CTranslate2's DisableTokens
           block_early_eos(row, t, min_new_tokens, s.eos_id);
         }
-        select_top(sentence, &scores[b * k], k, vocab, ct2 ? Ids{} : banned, 2 * k, tmp, top);
+        repeats.clear();
+        for (int64_t beam = 0; no_repeat_ngram_size > 0 && forced_id < 0 && beam < k; ++beam)
+          repeats.push_back(repeated_ngrams(s.start_id, history[b * k + beam], no_repeat_ngram_size));
+        select_top(sentence, &scores[b * k], k, vocab, ct2 ? Ids{} : banned, repeats, 2 * k, tmp, top);
       }
       if (ct2) {  // CTranslate2's step (Python: Beam.advance_ctranslate2)
         const size_t n = top.size();
@@ -404,8 +439,12 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
         if (++kept == k) break;
       }
       keep_best(finished[b], pool);
-      const double best_alive = norm(next_scores[b * k], t + 1);
-      if (kept == 0 || (static_cast<int64_t>(finished[b].size()) == pool && finished[b].back().score >= best_alive)) {
+      const bool full = static_cast<int64_t>(finished[b].size()) == pool;
+      const double best_alive = norm(next_scores[b * k], at_limit ? max_new_tokens : t + 1);
+      // transformers_early: done once full, but at the limit it still takes its live beams (after the loop)
+      const bool ends = stop == BeamStop::transformers_early ? full && t + 1 < max_new_tokens
+                                                             : full && finished[b].back().score >= best_alive;
+      if (kept == 0 || ends) {
         done[b] = true;
         if (progress && !stopped) stopped = !progress(static_cast<size_t>(b), best(b), true);
       }
@@ -450,6 +489,7 @@ DecodeOptions with_defaults(const DecodeOptions& defaults, const DecodeOptions& 
   if (!o.max_new_tokens || *o.max_new_tokens == 0) o.max_new_tokens = defaults.max_new_tokens.value_or(0);
   if (!o.min_new_tokens) o.min_new_tokens = defaults.min_new_tokens.value_or(0);
   if (!o.beam_stop) o.beam_stop = defaults.beam_stop.value_or("n_best");
+  if (!o.no_repeat_ngram_size) o.no_repeat_ngram_size = defaults.no_repeat_ngram_size.value_or(0);
   if (!o.replace_unknowns) o.replace_unknowns = defaults.replace_unknowns.value_or(false);
   detail::check_options(o, true);
   return o;

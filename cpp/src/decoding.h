@@ -46,26 +46,31 @@ struct Specials {
 // decode after that step, as max_new_tokens would have, with no further calls. Empty: no streaming work at all.
 using Progress = std::function<bool(size_t row, Ids tokens, bool finished)>;
 
-// Beam search's stopping rule (DecodeOptions::beam_stop; twostep/runtime/decoding/search.py's Beam).
-enum class BeamStop { n_best, transformers, ctranslate2 };
-// "n_best", "transformers" or "ctranslate2"; an Error naming them for anything else.
+// Beam search's stopping rule (DecodeOptions::beam_stop; twostep/runtime/decoding/search.py's Beam):
+// transformers' with each of its early_stopping values (false, true, "never").
+enum class BeamStop { n_best, transformers, transformers_early, transformers_never, ctranslate2 };
+// "n_best", "transformers", "transformers_early", "transformers_never" or "ctranslate2"; an Error naming them
+// for anything else.
 BeamStop beam_stop(const std::string& rule);
 
 // forced[i]: the ids forced on sentence i's decoder after its start id, one a step (its logits become -inf
 // but for the forced id, 0). They count as generated tokens (max_new_tokens, length normalisation) but are
 // left out of what is returned. Empty, or fewer rows than sources: nothing forced on the rest.
 // stop: beam search's stopping rule. min_new_tokens: eos is out of a row's logits (before any softmax) at the
-// steps before it, forced ones counted (Python's Group.block_early_eos).
+// steps before it, forced ones counted (Python's Group.block_early_eos). no_repeat_ngram_size: a token that would
+// complete an n-gram of that size the row's tokens (its start id first) already hold is never chosen, as
+// transformers' NoRepeatNGramLogitsProcessor has it (after beam search's softmax; not at a forced step; Python's
+// Group.repeats); 0: no such rule.
 std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, const Specials& s,
                         int max_new_tokens, bool suppress_eos, const std::vector<Ids>& forced = {},
-                        const Progress& progress = {}, int min_new_tokens = 0);
+                        const Progress& progress = {}, int min_new_tokens = 0, int no_repeat_ngram_size = 0);
 
 std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std::vector<Ids>& sources,
                                                  const Specials& s, int beam_size, double length_penalty,
                                                  int n_best, int max_new_tokens, bool suppress_eos,
                                                  const std::vector<Ids>& forced = {},
                                                  BeamStop stop = BeamStop::n_best, const Progress& progress = {},
-                                                 int min_new_tokens = 0);
+                                                 int min_new_tokens = 0, int no_repeat_ngram_size = 0);
 
 // The range a decoding option takes: `low` to `high`, both included (`low_open`: above `low`), an integer or a
 // finite number (Python's Bound).
@@ -86,7 +91,8 @@ struct Bound {
 // this library does not sample (and so takes no seed).
 constexpr int kMaxNewTokens = 1 << 20;
 struct Bounds {
-  Bound beam_size, n_best, length_penalty, temperature, top_k, top_p, max_new_tokens, min_new_tokens;
+  Bound beam_size, n_best, length_penalty, temperature, top_k, top_p, max_new_tokens, min_new_tokens,
+      no_repeat_ngram_size;
 };
 inline constexpr Bounds kBounds = {
     {"beam_size", 1, 256, true},
@@ -97,6 +103,7 @@ inline constexpr Bounds kBounds = {
     {"top_p", 0, 1, false, true},
     {"max_new_tokens", 1, kMaxNewTokens, true},  // a caller's 0: automatic
     {"min_new_tokens", 0, kMaxNewTokens, true},
+    {"no_repeat_ngram_size", 0, kMaxNewTokens, true},
 };
 
 // A number as Python's repr writes a float, less a trailing ".0" (700, 0.2, 1e-09, nan): the fewest digits that read

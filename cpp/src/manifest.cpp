@@ -260,7 +260,7 @@ DecodeOptions read_decoding(const json& data, const std::string& where, bool& sa
   static const std::vector<std::pair<std::string, std::string>> kFields = {
       {"beam_size", "int"}, {"n_best", "int"}, {"length_penalty", "float"}, {"beam_stop", "str"},
       {"max_new_tokens", "int"}, {"min_new_tokens", "int"}, {"sampling", "bool"}, {"temperature", "float"},
-      {"top_k", "int"}, {"top_p", "float"}, {"replace_unknowns", "bool"}};
+      {"top_k", "int"}, {"top_p", "float"}, {"replace_unknowns", "bool"}, {"no_repeat_ngram_size", "int"}};
   std::string problems, known;
   for (const auto& field : kFields) known += (known.empty() ? "" : ", ") + field.first;
   auto problem = [&](const std::string& text) { problems += (problems.empty() ? "" : "; ") + text; };
@@ -290,6 +290,7 @@ DecodeOptions read_decoding(const json& data, const std::string& where, bool& sa
     else if (key == "min_new_tokens") out.min_new_tokens = value.get<int>();
     else if (key == "sampling") samples = value.get<bool>();
     else if (key == "replace_unknowns") out.replace_unknowns = value.get<bool>();
+    else if (key == "no_repeat_ngram_size") out.no_repeat_ngram_size = value.get<int>();
   }
   if (!problems.empty())
     throw Error(where + ": malformed manifest (decoding: " + problems + "; known options: " + known + ")");

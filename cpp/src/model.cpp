@@ -176,28 +176,29 @@ const Manifest& Model::manifest() const { return impl_->m; }
 const std::string& Model::decoder() const { return impl_->decoder; }
 
 std::vector<Ids> Model::greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos,
-                               const std::vector<Ids>& forced, int min_new_tokens) {
+                               const std::vector<Ids>& forced, int min_new_tokens, int no_repeat_ngram_size) {
   DecodeOptions o;
-  o.max_new_tokens = max_new_tokens, o.min_new_tokens = min_new_tokens;
+  o.max_new_tokens = max_new_tokens, o.min_new_tokens = min_new_tokens, o.no_repeat_ngram_size = no_repeat_ngram_size;
   detail::check_options(o, false);
   return ort_errors("greedy", [&] {
     return detail::greedy(*impl_->session, sources, impl_->specials(), max_new_tokens, suppress_eos, forced, {},
-                          min_new_tokens);
+                          min_new_tokens, no_repeat_ngram_size);
   });
 }
 
 std::vector<std::vector<Hypothesis>> Model::beam_search(const std::vector<Ids>& sources, int beam_size,
                                                         double length_penalty, int n_best, int max_new_tokens,
                                                         bool suppress_eos, const std::vector<Ids>& forced,
-                                                        const std::string& beam_stop, int min_new_tokens) {
+                                                        const std::string& beam_stop, int min_new_tokens,
+                                                        int no_repeat_ngram_size) {
   DecodeOptions o;
   o.beam_size = beam_size, o.length_penalty = length_penalty, o.n_best = n_best, o.beam_stop = beam_stop;
-  o.max_new_tokens = max_new_tokens, o.min_new_tokens = min_new_tokens;
+  o.max_new_tokens = max_new_tokens, o.min_new_tokens = min_new_tokens, o.no_repeat_ngram_size = no_repeat_ngram_size;
   detail::check_options(o, false);
   const detail::BeamStop stop = detail::beam_stop(beam_stop);
   return ort_errors("beam search", [&] {
     return detail::beam_search(*impl_->session, sources, impl_->specials(), beam_size, length_penalty, n_best,
-                               max_new_tokens, suppress_eos, forced, stop, {}, min_new_tokens);
+                               max_new_tokens, suppress_eos, forced, stop, {}, min_new_tokens, no_repeat_ngram_size);
   });
 }
 
@@ -208,6 +209,7 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
                 "library does not do; decode it with the Python runtime");
   const DecodeOptions o = with_defaults(impl_->m.decoding, given);
   const int beam_size = *o.beam_size, max_new_tokens = *o.max_new_tokens, min_new_tokens = *o.min_new_tokens;
+  const int ngram = *o.no_repeat_ngram_size;
   const detail::BeamStop stop = detail::beam_stop(*o.beam_stop);
   const Ids forced_ids = impl_->forced_ids(o.tgt_lang);
   impl_->check_ids(sources);
@@ -238,12 +240,12 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
     if (beam_size > 1) {
       outs = ort_errors("beam search", [&] {
         return detail::beam_search(*impl_->session, batch, impl_->specials(), beam_size, *o.length_penalty,
-                                   *o.n_best, max_new, o.suppress_eos, forced, stop, progress, min_new_tokens);
+                                   *o.n_best, max_new, o.suppress_eos, forced, stop, progress, min_new_tokens, ngram);
       });
     } else {
       auto tokens = ort_errors("greedy", [&] {
         return detail::greedy(*impl_->session, batch, impl_->specials(), max_new, o.suppress_eos, forced, progress,
-                              min_new_tokens);
+                              min_new_tokens, ngram);
       });
       for (auto& t : tokens) outs.push_back({{std::move(t), 0.0}});
     }

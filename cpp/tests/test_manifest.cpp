@@ -596,7 +596,7 @@ TEST_CASE("the decoding section: an Argos package's defaults, under the options 
   given.n_best = 5, given.beam_stop = "fairseq";
   CHECK(error_of([&] { twostep::with_defaults(m.decoding, given); }) ==
         "bad decoding options: n_best must be at most the beam size 4, got 5; beam_stop must be one of n_best, "
-        "transformers, ctranslate2, got 'fairseq'");
+        "transformers, transformers_early, transformers_never, ctranslate2, got 'fairseq'");
 
   a.manifest["decoding"] = {{"max_new_tokens", nullptr}, {"length_penalty", 1}, {"sampling", false}};  // as Python
   a.save();
@@ -613,13 +613,17 @@ TEST_CASE("the decoding section: a bad one is one Error that names every problem
       {{{"beam", 4}, {"beam_size", "4"}},
        "malformed manifest (decoding: unknown option 'beam'; beam_size is str '4', expected int; known options: "
        "beam_size, n_best, length_penalty, beam_stop, max_new_tokens, min_new_tokens, sampling, temperature, top_k, "
-       "top_p, replace_unknowns)"},
+       "top_p, replace_unknowns, no_repeat_ngram_size)"},
       {{{"beam_size", true}}, "decoding: beam_size is bool True, expected int"},
       {{{"replace_unknowns", 1}}, "decoding: replace_unknowns is int 1, expected bool"},
       {{{"length_penalty", "0.2"}}, "decoding: length_penalty is str '0.2', expected float"},
       {{{"beam_size", 0}}, "decoding: bad decoding options: beam size must be an integer in [1, 256], got 0"},
       {{{"beam_stop", "fairseq"}},
-       "decoding: bad decoding options: beam_stop must be one of n_best, transformers, ctranslate2, got 'fairseq'"},
+       "decoding: bad decoding options: beam_stop must be one of n_best, transformers, transformers_early, "
+       "transformers_never, ctranslate2, got 'fairseq'"},
+      {{{"no_repeat_ngram_size", -1}},
+       "decoding: bad decoding options: no_repeat_ngram_size must be an integer in [0, 1048576], got -1"},
+      {{{"no_repeat_ngram_size", 2.5}}, "decoding: no_repeat_ngram_size is float 2.5, expected int"},
       {{{"beam_size", 2}, {"n_best", 3}, {"max_new_tokens", 0}, {"min_new_tokens", -1}},
        "decoding: bad decoding options: max_new_tokens must be an integer in [1, 1048576], got 0; min_new_tokens must "
        "be an integer in [0, 1048576], got -1; n_best must be at most the beam size 2, got 3"},
@@ -657,9 +661,9 @@ TEST_CASE("the decoding section: the ends of Python's BOUNDS are read") {
   Artifact a;
   for (const json& section : {
            json{{"beam_size", 256}, {"n_best", 256}, {"length_penalty", -10}, {"max_new_tokens", 1048576},
-                {"min_new_tokens", 1048576}},
+                {"min_new_tokens", 1048576}, {"no_repeat_ngram_size", 1048576}},
            json{{"beam_size", 1}, {"n_best", 1}, {"length_penalty", 10.0}, {"max_new_tokens", 1},
-                {"min_new_tokens", 0}},
+                {"min_new_tokens", 0}, {"no_repeat_ngram_size", 0}, {"beam_stop", "transformers_never"}},
            json{{"temperature", 0.01}, {"top_k", 2147483647}, {"top_p", 1}},
            json{{"temperature", 100}, {"top_k", 0}, {"top_p", 1e-9}}}) {
     a.manifest["decoding"] = section;
@@ -680,6 +684,8 @@ TEST_CASE("decoding options given: Python's BOUNDS, both ends taken, just outsid
            [](Options& o) { o.beam_size = 1, o.n_best = 1, o.length_penalty = 10.0; },
            [](Options& o) { o.max_new_tokens = 1048576, o.min_new_tokens = 1048576; },
            [](Options& o) { o.max_new_tokens = 1, o.min_new_tokens = 0; },
+           [](Options& o) { o.no_repeat_ngram_size = 0, o.beam_stop = "transformers_early"; },
+           [](Options& o) { o.no_repeat_ngram_size = 1048576; },
            [](Options& o) { o.max_new_tokens = 0; }})  // 0: automatic
     CHECK(with(set).empty());
   const std::string bad = "bad decoding options: ";
@@ -706,6 +712,8 @@ TEST_CASE("decoding options given: Python's BOUNDS, both ends taken, just outsid
   CHECK(with([](Options& o) { o.max_new_tokens = -1, o.min_new_tokens = 1048577; }) ==
         bad + "max_new_tokens must be an integer in [1, 1048576] or 0 (automatic), got -1; min_new_tokens must be an "
               "integer in [0, 1048576], got 1048577");
+  CHECK(with([](Options& o) { o.no_repeat_ngram_size = 1048577; }) ==
+        bad + "no_repeat_ngram_size must be an integer in [0, 1048576], got 1048577");
 }
 
 // TWOSTEP_TEST_ARTIFACT: a model's artifact (tests/cpp/test_cpp.py passes one; skipped without)
@@ -920,6 +928,68 @@ TEST_CASE("beam search: transformers' rule finishes only an eos among the step's
     REQUIRE(hf[0].size() == 2);
     CHECK(hf[0][0].tokens == twostep::Ids{4});
     CHECK(hf[0][1].tokens != twostep::Ids{5});
+  }
+}
+
+TEST_CASE("beam search: transformers' early_stopping true and \"never\"") {
+  // tests/runtime/decoding/test_search.py's test_transformers_early_stopping_rules. Beam 2, length_penalty 1.
+  // Step 1 finishes [] (rank 1); step 2 finishes [4] (rank 1), and [4, 5] lives on. transformers_early: two
+  // finished, done at step 2 with [4]. transformers: [4, 5] could still win at its length; step 3 finishes it,
+  // the best, and is done. transformers_never scores the best live one at the limit: on until step 5.
+  const float low = -10;
+  const std::map<std::pair<int, int64_t>, std::vector<float>> script = {
+      {{0, kStart}, {low, low, low, 1, 2, low}}, {{1, 4}, {low, low, low, 2, low, 2.5f}},
+      {{2, 5}, {low, low, low, 5, low, 3}}};
+  using twostep::detail::BeamStop;
+  for (int64_t width : {0, 6}) {
+    CAPTURE(width);
+    FedSession session(script, 6, width);
+    auto run = [&](BeamStop stop, double length_penalty) {
+      const auto out = twostep::detail::beam_search(session, {{9, 3}}, kSpecials, 2, length_penalty, 1, 10, false, {},
+                                                    stop)[0];
+      return std::make_pair(out[0], session.t + 1);  // the best, and the steps run
+    };
+    const auto [early, early_steps] = run(BeamStop::transformers_early, 1.0);
+    CHECK((early.tokens == twostep::Ids{4} && early_steps == 2));
+    const auto [hf, hf_steps] = run(BeamStop::transformers, 1.0);
+    CHECK((hf.tokens == twostep::Ids{4, 5} && hf_steps == 3));
+    const auto [never, never_steps] = run(BeamStop::transformers_never, 1.0);
+    CHECK((never.tokens == hf.tokens && never.score == hf.score && never_steps == 5));
+    // length_penalty 0: the current length and the limit score alike
+    const auto [flat, flat_steps] = run(BeamStop::transformers_never, 0.0);
+    const auto [flat_hf, flat_hf_steps] = run(BeamStop::transformers, 0.0);
+    CHECK((flat.tokens == flat_hf.tokens && flat_steps == flat_hf_steps));
+  }
+}
+
+TEST_CASE("no_repeat_ngram_size: the start token and tokens already generated, but not a forced one") {
+  // tests/runtime/decoding/test_search.py's test_no_repeat_ngram_size_bans_repeats_of_the_start_token_and_tokens_
+  // but_not_a_forced_one: n = 1 bans the start token (2) and every token generated, except at a forced step; n = 2
+  // ends 4 5 4 (5 would repeat 4 5). Greedy and beam 2 alike, on the logits and where the search outputs are there.
+  const float low = -10;
+  const std::vector<float> first = {low, low, 5, low, 1, low}, second = {low, low, low, 1, 5, low};
+  const std::map<std::pair<int, int64_t>, std::vector<float>> script = {
+      {{0, kStart}, first}, {{1, 4}, second}, {{1, kStart}, first}, {{2, 4}, second}};
+  const std::map<std::pair<int, int64_t>, std::vector<float>> cycle = {
+      {{0, kStart}, {0, 0, 0, 0, 5, 0}}, {{1, 4}, {0, 0, 0, 0, 0, 5}}, {{2, 5}, {0, 0, 0, 0, 5, 0}},
+      {{3, 4}, {0, 0, 0, 4, 0, 5}}};
+  using twostep::detail::BeamStop;
+  for (int64_t width : {0, 6}) {
+    CAPTURE(width);
+    for (int beam : {1, 2}) {
+      CAPTURE(beam);
+      auto run = [&](const std::map<std::pair<int, int64_t>, std::vector<float>>& s, int n,
+                     const std::vector<twostep::Ids>& forced, int max_new) {
+        FedSession session(s, 6, width);
+        if (beam == 1) return twostep::detail::greedy(session, {{9, 3}}, kSpecials, max_new, false, forced, {}, 0, n)[0];
+        return twostep::detail::beam_search(session, {{9, 3}}, kSpecials, beam, 1.0, 1, max_new, false, forced,
+                                            BeamStop::transformers, {}, 0, n)[0][0].tokens;
+      };
+      CHECK(run(script, 0, {}, 4).front() == kStart);
+      CHECK(run(script, 1, {}, 4) == twostep::Ids{4});
+      CHECK(run(script, 1, {{kStart}}, 4) == twostep::Ids{4});
+      CHECK(run(cycle, 2, {}, 6) == twostep::Ids{4, 5, 4});
+    }
   }
 }
 

@@ -444,7 +444,8 @@ def test_cpp_decodes_pretrained_families_as_transformers_does(cpp_build, pretrai
     """Marian (a >>fra<< source token, pad never generated, decoding from pad), M2M100, NLLB and mBART-50 (the
     source language's token first, the target's forced after eos), T5 (no languages, decoding from pad) and MADLAD
     (<2fr> before the source, source languages without tokens, so none is needed): transformers' generate() text,
-    greedy and beam 4 with its stopping rule, from the manifest alone. NLLB with a tokenizer.json alone: text is
+    greedy and beam 4 with its stopping rule, from the manifest alone (`--beam 4` and no --beam-stop: the
+    manifest's decoding defaults say transformers' rule). NLLB with a tokenizer.json alone: text is
     refused with one line that says what to pass instead (tests/cpp's token-id test covers its ids)."""
     import hf_models
     from conftest import NEW_TOKENS
@@ -470,13 +471,53 @@ def test_cpp_decodes_pretrained_families_as_transformers_does(cpp_build, pretrai
     greedy = translate(cpp_build, pretrained.art, hf_models.TEST_SENTENCES, *common)
     assert greedy.returncode == 0, greedy.stderr
     assert greedy.stdout.splitlines() == pretrained.greedy[1]
-    beam = translate(cpp_build, pretrained.art, hf_models.TEST_SENTENCES, "--beam", 4, "--beam-stop", "transformers",
-                     *common)
+    beam = translate(cpp_build, pretrained.art, hf_models.TEST_SENTENCES, "--beam", 4, *common)
     assert beam.returncode == 0, beam.stderr
     assert beam.stdout.splitlines() == pretrained.beam[1]
     bad = translate(cpp_build, pretrained.art, ["hello"], "--tgt-lang", "xx", *langs[:2] if "src_lang" in
                     pretrained.langs else [])
     assert bad.returncode == 1 and "unknown target language 'xx'" in bad.stderr
+
+
+# Decoding sections of a transformers model's generation config, each of which decodes the session's M2M100 model
+# (its target language forced after a start token that is eos) otherwise than without its setting
+# (tests/guarantees/test_pretrained.py's GENERATION).
+GENERATE_DECODING = [
+    {"beam_size": 5, "beam_stop": "transformers_early", "max_new_tokens": 20},
+    {"beam_size": 4, "beam_stop": "transformers_never", "length_penalty": 3.0, "max_new_tokens": 40},
+    {"beam_size": 4, "beam_stop": "transformers", "no_repeat_ngram_size": 1, "max_new_tokens": 20},
+    {"no_repeat_ngram_size": 1, "max_new_tokens": 20},
+]
+
+
+@pytest.mark.parametrize("pretrained", ["m2m100"], indirect=True)
+def test_cpp_decodes_with_generates_decoding_defaults_as_python_does(cpp_build, pretrained, tmp_path):
+    """A manifest's decoding section as an import records a generation config's early_stopping (true, "never"),
+    length_penalty and no_repeat_ngram_size: twostep-translate with no decoding flags gives the Python runtime's
+    text on the same artifact, and `--no-repeat-ngram-size 0 --beam-stop transformers` what Python gives with
+    those options."""
+    import json
+
+    import hf_models
+
+    langs = ["--src-lang", pretrained.langs["src_lang"], "--tgt-lang", pretrained.langs["tgt_lang"]]
+    art = tmp_path / "art"
+    shutil.copytree(pretrained.art, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    for decoding in GENERATE_DECODING:
+        (art / "manifest.json").write_text(json.dumps({**manifest, "decoding": decoding}))
+        translator, backend = open_translator(art)
+        with backend:
+            want = translator.translate(hf_models.TEST_SENTENCES, **pretrained.langs)
+            plain = translator.translate(hf_models.TEST_SENTENCES, translator.options_with(
+                no_repeat_ngram_size=0, beam_stop="transformers"), **pretrained.langs)
+        got = translate(cpp_build, art, hf_models.TEST_SENTENCES, *langs)
+        assert got.returncode == 0, got.stderr
+        assert_same(f"{decoding}", want, got.stdout.splitlines())
+        undone = translate(cpp_build, art, hf_models.TEST_SENTENCES, *langs, "--no-repeat-ngram-size", 0,
+                           "--beam-stop", "transformers")
+        assert undone.returncode == 0, undone.stderr
+        assert_same(f"{decoding} undone", plain, undone.stdout.splitlines())
 
 
 def test_cpp_takes_standard_language_codes_as_python_does(cpp_build, pretrained):
@@ -603,7 +644,8 @@ def test_cpp_refuses_a_bad_decoding_section_and_detokenize_as_one_line(cpp_build
 
     for name, change, message in (
             ("decoding", lambda m: m["decoding"].update(beam_stop="fairseq"),
-             "decoding: bad decoding options: beam_stop must be one of n_best, transformers, ctranslate2"),
+             "decoding: bad decoding options: beam_stop must be one of n_best, transformers, transformers_early, "
+             "transformers_never, ctranslate2"),
             ("detokenize", lambda m: m["tokenizer"].update(detokenize="moses"),
              "detokenize 'moses' is not one of sentencepiece, argos")):
         art = tmp_path / name

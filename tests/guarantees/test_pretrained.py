@@ -2,8 +2,10 @@
 token), one with separate vocabularies, an M2M100 model (en -> fr), NLLB models in both tokenizer layouts
 (eng_Latn -> fra_Latn) and an mBART-50 model (en_XX -> fr_XX), each built by transformers itself,
 imported, exported, and decoded by twostep: exactly transformers' generate() tokens and text, greedy and beam 4
-(with transformers' stopping rule), on both of ort-cpu's decoders and through the CLI. The server's and the C++
-library's parity are in tests/serving and tests/cpp, on the same models."""
+(with transformers' stopping rule, which an imported model decodes with unless told otherwise), on both of
+ort-cpu's decoders and through the CLI; the generation config's decoding settings (early_stopping,
+no_repeat_ngram_size, ...) decoded as generate() decodes them. The server's and the C++ library's parity are in
+tests/serving and tests/cpp, on the same models."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ from twostep.runtime.translator import open_translator
 SENTENCES = hf_models.TEST_SENTENCES
 
 
-def translate(pretrained, options: DecodeOptions, with_scores: bool = False, **backend_options) -> tuple:
+def translate(pretrained, options: DecodeOptions | dict, with_scores: bool = False, **backend_options) -> tuple:
     """(tokens, texts, the decoder it decoded with[, the best hypotheses' scores]) of twostep on the artifact's
-    ort-cpu backend."""
+    ort-cpu backend; `options` a dict: those over the model's decoding defaults."""
     translator, backend = open_translator(pretrained.art, options=options, **backend_options)
     with backend:
         langs = pretrained.langs
@@ -44,15 +46,18 @@ def test_greedy_decodes_transformers_tokens_and_text_on_both_decoders(pretrained
     assert (tokens, texts) == (want_tokens, want_texts)
 
 
-def test_beam_search_with_transformers_stopping_rule_decodes_its_tokens_and_text(pretrained):
-    """transformers keeps beam_size finished hypotheses before it stops; twostep's default (n_best) stops once
+def test_beam_search_decodes_transformers_tokens_and_text_by_default(pretrained):
+    """transformers keeps beam_size finished hypotheses before it stops; twostep's own rule (n_best) stops once
     the best finished one cannot be beaten at the current length, so it may stop earlier with another best:
-    beam_stop="transformers" reproduces transformers' rule (docs/models.md). The best hypotheses' scores equal
-    transformers' sequences_scores to SCORE_ATOL."""
-    options = DecodeOptions(beam_size=4, max_new_tokens=NEW_TOKENS, beam_stop="transformers")
-    tokens, texts, _, scores = translate(pretrained, options, with_scores=True)
+    beam_stop="transformers" reproduces transformers' rule (docs/models.md), and an imported model records it in
+    its decoding defaults, so that a beam of 4 and nothing else decodes as generate(num_beams=4). The best
+    hypotheses' scores equal transformers' sequences_scores to SCORE_ATOL."""
+    tokens, texts, _, scores = translate(pretrained, {"beam_size": 4, "max_new_tokens": NEW_TOKENS}, with_scores=True)
     assert (tokens, texts) == pretrained.beam
     assert np.allclose(scores, pretrained.beam_scores, rtol=0, atol=SCORE_ATOL), (scores, pretrained.beam_scores)
+    if pretrained.name == "madlad":  # where twostep's own rule finds another best
+        own = translate(pretrained, {"beam_size": 4, "max_new_tokens": NEW_TOKENS, "beam_stop": "n_best"})
+        assert own[1] != texts
 
 
 @ONLY_MBART50
@@ -70,11 +75,16 @@ def test_mbart50_without_tokenizer_json_decodes_transformers_tokens_and_text(mba
 
 
 def test_the_cli_translates_text_with_languages_as_transformers_does(pretrained):
+    """Greedy, and `--beam 4` alone: generate(num_beams=4)'s text (the artifact's decoding defaults say
+    transformers' rule)."""
     langs = [arg for key, flag in (("src_lang", "--src-lang"), ("tgt_lang", "--tgt-lang"))
              if key in pretrained.langs for arg in (flag, pretrained.langs[key])]
     result = twostep("translate", pretrained.art, *SENTENCES, "--max-new-tokens", NEW_TOKENS, *langs)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == pretrained.greedy[1]
+    result = twostep("translate", pretrained.art, *SENTENCES, "--max-new-tokens", NEW_TOKENS, "--beam", 4, *langs)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == pretrained.beam[1]
 
 
 def test_sentences_to_different_languages_share_a_batch(pretrained):
@@ -146,3 +156,46 @@ def test_standard_language_codes_mean_the_models_own(pretrained):
                          "--tgt-lang", "fr")
         assert result.returncode == 0, result.stderr
         assert result.stdout.splitlines() == pretrained.greedy[1]
+
+
+# generation_config.json settings on the session's M2M100 model (its target language forced after a start token that
+# is eos), each of which generate() decodes differently from the settings' defaults there: (settings, the options
+# that undo them). The neutral values of settings twostep does not run (do_sample false, repetition_penalty 1) are
+# taken.
+GENERATION = {
+    "early_stopping": ({"num_beams": 5, "early_stopping": True, "max_length": 21, "do_sample": False,
+                        "repetition_penalty": 1.0}, {"beam_stop": "transformers"}),
+    "never": ({"num_beams": 4, "early_stopping": "never", "length_penalty": 3.0, "max_length": 41},
+              {"beam_stop": "transformers"}),
+    "no_repeat_ngram_size": ({"num_beams": 4, "no_repeat_ngram_size": 1, "max_length": 21},
+                             {"no_repeat_ngram_size": 0}),
+}
+
+
+@pytest.mark.parametrize("pretrained", ["m2m100"], indirect=True)
+@pytest.mark.parametrize("setting", list(GENERATION))
+def test_the_generation_configs_decoding_is_imported_and_decodes_as_generate_does(pretrained, setting, tmp_path):
+    """The model imported with its generation config's num_beams, early_stopping (true, "never"), length_penalty,
+    max_length and no_repeat_ngram_size recorded as its decoding defaults: translated with no options (the eager
+    backend on the checkpoint), it gives generate()'s tokens with no arguments but the language; and the options
+    that undo the setting decode something else."""
+    import json
+    import shutil
+
+    from twostep.model.hf import import_hf_directory
+
+    settings, undo = GENERATION[setting]
+    hf = tmp_path / "hf"
+    shutil.copytree(pretrained.hf, hf, ignore=shutil.ignore_patterns("src"))
+    generation = json.loads((hf / "generation_config.json").read_text())
+    (hf / "generation_config.json").write_text(json.dumps({**generation, **settings}))
+    ckpt = import_hf_directory(hf, tmp_path / "ckpt")
+    assert ckpt.info["decoding"]["max_new_tokens"] == settings["max_length"] - 1  # max_length counts the start
+    want = hf_models.reference(hf, SENTENCES, None, beams=None, **pretrained.langs)[0]
+    translator, backend = open_translator(ckpt.path)
+    with backend:
+        sources = translator.encode(SENTENCES, **pretrained.langs)
+        hyps = translator.decode_ids(sources, tgt_lang=pretrained.langs["tgt_lang"])
+        other = translator.decode_ids(sources, translator.options_with(**undo), tgt_lang=pretrained.langs["tgt_lang"])
+    assert [h[0].tokens for h in hyps] == want
+    assert [h[0].tokens for h in other] != want

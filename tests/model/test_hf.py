@@ -1,5 +1,6 @@
 """Importing transformers model directories (twostep/model/hf/): the tokenization each family does, as
-transformers' own tokenizer does it, and one clear line for what cannot be imported, with nothing written."""
+transformers' own tokenizer does it, generate()'s decoding recorded as the model's decoding defaults, and one clear
+line for what cannot be imported, with nothing written."""
 
 from __future__ import annotations
 
@@ -101,6 +102,14 @@ def edit_config(**changes):
     return edit
 
 
+def edit_generation(**changes):
+    def edit(path):
+        config = json.loads((path / "generation_config.json").read_text())
+        config.update(changes)
+        (path / "generation_config.json").write_text(json.dumps(config))
+    return edit
+
+
 @pytest.mark.parametrize("edit, fragments", [
     (edit_config(model_type="bert"), ["model_type 'bert' is not a family twostep imports", "m2m_100,", "marian,",
                                       "mbart,", "nllb"]),
@@ -110,6 +119,16 @@ def edit_config(**changes):
     (edit_config(encoder_attention_heads=2), ["attention heads differ"]),
     (edit_config(activation_function="mish"), ["activation_function 'mish'"]),
     (lambda p: (p / "model.safetensors").write_bytes(b"not safetensors"), ["cannot read safetensors"]),
+    # generate()'s settings that twostep does not decode: each named, all in one line, with the fix
+    (edit_generation(repetition_penalty=1.2), ["generation_config.json: cannot import generate()'s decoding",
+                                               "repetition_penalty 1.2 (a repetition penalty)",
+                                               "remove it from generation_config.json"]),
+    (edit_generation(do_sample=True, num_beam_groups=2, bad_words_ids=[[5], [6, 7]]),
+     ["do_sample true (sampling", "num_beam_groups 2 (diverse", "bad_words_ids [[6, 7]] (sequences of several",
+      "remove them from generation_config.json"]),
+    (edit_generation(early_stopping="sometimes", num_beams=0, max_length=1),
+     ['early_stopping "sometimes" (expected true, false or "never")', "num_beams 0 (expected an integer of at "
+      "least 1)", "max_length 1 (expected an integer of at least 2)"]),
 ])
 def test_what_cannot_be_imported_is_one_line_and_nothing_is_written(marian_hf, tmp_path, edit, fragments):
     bad = broken_copy(marian_hf, tmp_path, edit)
@@ -234,6 +253,7 @@ def test_nllb_is_found_under_m2m100s_model_type_and_format_names_it(nllb_hf, tmp
     result = twostep("import", nllb_hf, "--out", tmp_path / "found")
     assert result.returncode == 0, result.stderr
     assert "nllb" in result.stdout
+    assert "decoding defaults: beam_stop transformers, max_new_tokens 63" in result.stdout  # generate()'s
     config = json.loads((tmp_path / "found" / "config.json").read_text())
     assert config["imported_from"]["format"] == "nllb"
     result = twostep("import", nllb_hf, "--out", tmp_path / "named", "--format", "nllb")
@@ -395,3 +415,49 @@ def test_naming_languages_a_model_cannot_take_is_one_line_and_nothing_is_written
     one_line_error(twostep("import", src, "--out", out, *args), *fragments)
     assert not out.exists()
     assert leftovers(tmp_path) == []
+
+
+# --- generate()'s decoding, recorded
+
+
+def test_the_checkpoint_and_manifest_record_generates_decoding(pretrained):
+    """transformers' beam search rule, and the generation config's max_length less the start token (the test
+    models' 64; T5's and MADLAD's generation configs have none: twostep's own default stays)."""
+    from twostep.artifact import load_artifact
+    from twostep.model.checkpoint import read_decoding
+
+    generation = json.loads((pretrained.hf / "generation_config.json").read_text())
+    want = {"beam_stop": "transformers"}
+    if pretrained.name in ("t5", "madlad"):
+        assert "max_length" not in generation
+    else:
+        want["max_new_tokens"] = generation["max_length"] - 1
+    assert read_decoding(pretrained.ckpt) == want
+    assert load_artifact(pretrained.art).manifest.decoding == want
+
+
+def test_no_repeat_ngram_size_decodes_as_generate_does_and_a_flag_undoes_it(nllb_hf, tmp_path):
+    """An untrained NLLB repeats one token; with the generation config's no_repeat_ngram_size 2 (and num_beams,
+    early_stopping) twostep decodes generate()'s tokens with no options (the eager backend on the checkpoint).
+    `twostep translate --no-repeat-ngram-size 0` decodes with repeats allowed: a flag overrides the recorded
+    defaults."""
+    from twostep.model.hf import import_hf_directory
+    from twostep.runtime.translator import open_translator
+
+    settings = {"num_beams": 4, "early_stopping": True, "no_repeat_ngram_size": 2, "max_length": 21}
+    hf = broken_copy(nllb_hf, tmp_path, edit_generation(**settings))
+    ckpt = import_hf_directory(hf, tmp_path / "ckpt").path
+    langs = {"src_lang": "eng_Latn", "tgt_lang": "fra_Latn"}
+    sentences = hf_models.TEST_SENTENCES[:4]  # generate() is the slow part
+    want = hf_models.reference(hf, sentences, None, beams=None, **langs)[0]
+    translator, backend = open_translator(ckpt)
+    with backend:
+        got = translator.translate_ids(translator.encode(sentences, **langs), tgt_lang=langs["tgt_lang"])
+        repeats = translator.translate(sentences, translator.options_with(no_repeat_ngram_size=0), **langs)
+        texts = translator.translate(sentences, **langs)
+    assert got == want
+    assert repeats != texts
+    result = twostep("translate", ckpt, *sentences, "--no-split", "--no-repeat-ngram-size", 0,
+                     "--src-lang", langs["src_lang"], "--tgt-lang", langs["tgt_lang"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == repeats

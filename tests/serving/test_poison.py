@@ -141,7 +141,7 @@ def extremes(max_positions: int) -> tuple[list[dict], list[dict]]:
     ends = {"beam": (1, MAX_BEAM), "n_best": (1, MAX_BEAM), "max_new_tokens": (1, max_positions)}
     names = {"beam": "beam_size"}
     for field in ("beam", "n_best", "length_penalty", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
-                  "min_new_tokens"):
+                  "min_new_tokens", "no_repeat_ngram_size"):
         bound = BOUNDS[names.get(field, field)]
         low, high = ends.get(field, (bound.low, bound.high))
         base = {"beam": MAX_BEAM} if field in ("n_best", "length_penalty") else \

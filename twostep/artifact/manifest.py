@@ -10,7 +10,8 @@ reads the manifest's raw keys.
     variants                 runtime-specific graphs beside them: {name: {file, inputs, outputs, runtime, ops}}
     tokenizer                how text becomes ids and back, or null (twostep.artifact.tokenizer)
     decoding                 optional: how the model decodes when a caller does not say (DecodeOptions field
-                             names -> values, e.g. an Argos Translate package's beam 4 and CTranslate2's rule);
+                             names -> values, e.g. an Argos Translate package's beam 4 and CTranslate2's rule,
+                             a transformers model's generation config and generate()'s rule);
                              absent: twostep's defaults. Older twostep readers ignore it.
     task, exporter, validation
     files                    sha256 of every file of the artifact
@@ -48,7 +49,7 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 # values' ranges are DecodeOptions' to check, when a translator opens the artifact.
 DECODING_FIELDS = {"beam_size": int, "n_best": int, "length_penalty": float, "beam_stop": str, "max_new_tokens": int,
                    "min_new_tokens": int, "sampling": bool, "temperature": float, "top_k": int, "top_p": float,
-                   "replace_unknowns": bool}
+                   "replace_unknowns": bool, "no_repeat_ngram_size": int}
 
 
 @dataclass(frozen=True)

@@ -102,12 +102,18 @@ struct DecodeOptions {
   // Beam search's stopping rule ("n_best"). "n_best": a sentence is done once it has n_best finished hypotheses
   // and its best live one cannot beat the worst of them. "transformers": as transformers' generate()
   // (early_stopping false): beam_size finished hypotheses kept, and only an eos among a step's beam_size best
-  // candidates finishes one; what a model's transformers reference decodes. "ctranslate2": as CTranslate2's
+  // candidates finishes one; what a model's transformers reference decodes. "transformers_early" (early_stopping
+  // true): the same, done once it has beam_size finished hypotheses. "transformers_never" (early_stopping
+  // "never"): the same, its best live one scored at max_new_tokens where length_penalty > 0. An imported
+  // transformers model's default. "ctranslate2": as CTranslate2's
   // BeamSearch (patience 1): only a candidate among a step's beam_size best may finish, scored over its length
   // with its eos, and a sentence is done once it has beam_size finished hypotheses (length_penalty 0: once its
   // best candidate has ended and it has n_best), or at its limit, where the beam_size best candidates all finish;
   // ids a step never picks are out of the softmax. What a CTranslate2 model (an Argos Translate package) decodes.
   std::optional<std::string> beam_stop;
+  // transformers' no_repeat_ngram_size: a token that would complete an n-gram of this size that the sentence (its
+  // start id first) already holds is never picked; it stays in beam search's softmax ([0, 2^20]; 0: no such rule)
+  std::optional<int> no_repeat_ngram_size;
   // After decoding, each <unk> of a hypothesis gets the source piece that the decoder's alignment (Manifest::
   // alignment: one teacher-forced run of the hypothesis) weighs most at it, among the sentence's own pieces
   // (not its language ids or suffix): Hypothesis::replacements, which the text shows in place of the <unk>
@@ -259,11 +265,12 @@ class Model {
   // (max_new_tokens too: no automatic 0 here), else an Error. forced[i]: the ids forced on sentence i's decoder after
   // its start id (empty, or fewer rows than sources: none).
   std::vector<Ids> greedy(const std::vector<Ids>& sources, int max_new_tokens, bool suppress_eos = false,
-                          const std::vector<Ids>& forced = {}, int min_new_tokens = 0);
+                          const std::vector<Ids>& forced = {}, int min_new_tokens = 0, int no_repeat_ngram_size = 0);
   std::vector<std::vector<Hypothesis>> beam_search(const std::vector<Ids>& sources, int beam_size,
                                                    double length_penalty, int n_best, int max_new_tokens,
                                                    bool suppress_eos = false, const std::vector<Ids>& forced = {},
-                                                   const std::string& beam_stop = "n_best", int min_new_tokens = 0);
+                                                   const std::string& beam_stop = "n_best", int min_new_tokens = 0,
+                                                   int no_repeat_ngram_size = 0);
 
   // Token ids in (as encode() gives them: language ids, pieces, suffix), best hypotheses out, in input order,
   // decoded with with_defaults(manifest().decoding, options):

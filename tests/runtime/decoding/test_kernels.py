@@ -50,3 +50,25 @@ def test_log_normalisers_of_a_large_batch_split_in_two_threads_are_those_of_one_
     x = logits.astype(np.float64)
     np.testing.assert_array_equal(top, x.max(-1))
     np.testing.assert_array_equal(lse, np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)))
+
+
+def test_repeated_ngrams_are_those_transformers_bans():
+    """Row by row, the ids NoRepeatNGramLogitsProcessor sets to -inf, for rows of any length (shorter than the
+    n-gram too) in one padded array, n from 1."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    import torch
+    from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
+
+    rng = np.random.default_rng(2)
+    vocab = 6
+    for n in (1, 2, 3, 4):
+        for _ in range(20):
+            lengths = rng.integers(1, 14, 5)
+            sequences = rng.integers(0, vocab, (5, 14))  # few ids: many repeats
+            rows, ids = kernels.repeated_ngrams(sequences, lengths, n)
+            for r, length in enumerate(lengths):
+                scores = NoRepeatNGramLogitsProcessor(n)(torch.tensor(sequences[r : r + 1, :length]),
+                                                         torch.zeros(1, vocab))
+                assert set(ids[rows == r].tolist()) == set(np.flatnonzero(np.isinf(scores[0].numpy())).tolist())

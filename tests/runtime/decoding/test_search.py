@@ -266,3 +266,60 @@ def test_min_new_tokens_takes_eos_out_of_the_first_steps():
         out = decode(ScriptedSession(6, script, 1), [[9]], DecodeOptions(min_new_tokens=min_new), specials=SPECIALS,
                      max_new_tokens=5)
         assert out[0][0].tokens == want
+
+
+@pytest.mark.parametrize("outputs", [False, True])
+def test_transformers_early_stopping_rules(outputs):
+    """Beam 2, length_penalty 1. Step 1 finishes [] (rank 1, -1.31); step 2 finishes [4] (rank 1, -1.29 / 2), and
+    [4, 5] lives on (-0.79). With early_stopping true ("transformers_early") two finished hypotheses are enough:
+    done, [4] best. With false ("transformers") [4, 5] at its current length (-0.79 / 2) could still beat the
+    worst finished one: step 3 finishes [4, 5] (-0.79 / 3), the best, and [4, 5, 5] (-2.9 / 3) cannot beat [4]:
+    done. With "never" it is scored at the limit instead (-2.9 / 10) and runs on, through rows of equal logits
+    (-1.8 a token), until the best live one scored so cannot beat [4] either: at step 5 (-6.5 / 10)."""
+    from twostep.runtime.decoding import DecodeOptions
+
+    eos, low = SPECIALS.eos_id, -10.0
+    others = {0: low, 1: low, 2: low}
+    script = {(): {eos: 1.0, 4: 2.0, 5: low, **others}, (4,): {eos: 2.0, 5: 2.5, 4: low, **others},
+              (4, 5): {eos: 5.0, 5: 3.0, 4: low, **others}}
+    runs = {rule: scripted_beam(script, DecodeOptions(beam_size=2, beam_stop=rule), 10, outputs)
+            for rule in ("transformers_early", "transformers", "transformers_never")}
+    assert runs["transformers_early"][0][0][0] == [4] and runs["transformers_early"][1] == 2, runs
+    assert runs["transformers"][0][0][0] == [4, 5] and runs["transformers"][1] == 3, runs
+    assert runs["transformers_never"][0] == runs["transformers"][0] and runs["transformers_never"][1] == 5, runs
+    # length_penalty 0: the current length and the limit score alike
+    flat = DecodeOptions(beam_size=2, length_penalty=0.0, beam_stop="transformers_never")
+    assert scripted_beam(script, flat, 10, outputs) == \
+        scripted_beam(script, DecodeOptions(beam_size=2, length_penalty=0.0, beam_stop="transformers"), 10, outputs)
+
+
+def test_no_repeat_ngram_size_bans_repeats_of_the_start_token_and_tokens_but_not_a_forced_one():
+    """transformers' n-grams start at the decoder's start token (SPECIALS' bos 2): with n = 1 the start token
+    and every token already generated are banned, except at a forced step (the forced token wins). With n = 2,
+    4 5 4 cannot go on with 5. Greedy and beam search alike; eos stays in the softmax."""
+    from twostep.runtime.decoding import DecodeOptions, decode
+
+    eos, start = SPECIALS.eos_id, SPECIALS.bos_id
+
+    def row(**logits):  # the rest far below: beam search's second beam stays out of the way
+        return {i: logits.get(f"t{i}", -10.0) for i in range(6)}
+    script = {(): row(t2=5.0, t4=1.0), (4,): row(t4=5.0, t3=1.0), (start,): row(t2=5.0, t4=1.0),
+              (start, 4): row(t4=5.0, t3=1.0)}
+    for beam in (1, 2):
+        def tokens(n, prefix=None):
+            options = DecodeOptions(beam_size=beam, no_repeat_ngram_size=n, beam_stop="transformers")
+            out = decode(ScriptedSession(6, script, 1), [[9]], options, specials=SPECIALS, max_new_tokens=4,
+                         prefixes=[prefix] if prefix else None)
+            return out[0][0].tokens
+        assert tokens(0)[0] == start
+        assert tokens(1) == [4]
+        assert tokens(1, [start]) == [4]  # the forced start token, then as above
+    cycle = {(): {4: 5.0}, (4,): {5: 5.0}, (4, 5): {4: 5.0}, (4, 5, 4): {5: 5.0, eos: 4.0}}
+    for beam in (1, 2):
+        options = DecodeOptions(beam_size=beam, no_repeat_ngram_size=2, beam_stop="transformers")
+        out = decode(ScriptedSession(6, cycle, 1), [[9]], options, specials=SPECIALS, max_new_tokens=6)
+        assert out[0][0].tokens == [4, 5, 4]
+    # the bans need the full logits: a session with search outputs gives the same
+    options = DecodeOptions(beam_size=2, no_repeat_ngram_size=2, beam_stop="transformers")
+    assert decode(ScriptedSession(6, cycle, 1, search_width=4), [[9]], options, specials=SPECIALS,
+                  max_new_tokens=6)[0][0].tokens == [4, 5, 4]

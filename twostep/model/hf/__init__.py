@@ -17,7 +17,7 @@ from pathlib import Path
 from twostep.errors import BadCheckpoint
 from twostep.model.checkpoint import Checkpoint
 from twostep.model.hf import m2m100, marian, mbart, nllb, t5  # noqa: F401  (each registers its family)
-from twostep.model.hf.common import FAMILIES, HFModel, Imported, save_imported
+from twostep.model.hf.common import FAMILIES, HFModel, Imported, generation_decoding, save_imported
 
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
              "pytorch_model.bin", "*.spm", "vocab.json", "target_vocab.json", "sentencepiece.bpe.model",
@@ -59,8 +59,10 @@ def read_hf_directory(src: Path, fmt: str | None = None) -> tuple[Imported, Path
     if name not in FAMILIES:
         raise BadCheckpoint(f"{hf.path / 'config.json'}: model_type {name!r} is not a family twostep imports; it "
                             f"imports {', '.join(sorted(FAMILIES))} (--format overrides model_type)")
+    decoding = generation_decoding(hf)  # a setting it refuses stops the import before the weights are read
     imported = FAMILIES[name](hf)
     imported.family = imported.family or name
+    imported.decoding = decoding
     return imported, hf.path
 
 

@@ -7,12 +7,14 @@ A family is a module of this package (marian.py, m2m100.py, nllb.py, mbart.py) w
 (twostep.artifact.tokenizer): the graphs and the runtime know no family. What the config cannot represent is
 refused with one line that names it; every tensor is mapped with the importers' Mapper, all problems in one
 error. `generation_config.json`'s `bad_words_ids` of one token become ids the decoder never generates (OPUS-MT's
-pad), its `forced_bos_token_id` the default target language.
+pad), its `forced_bos_token_id` the default target language, and its decoding settings the decoding defaults the
+checkpoint records (`generation_decoding`): a model decodes as transformers' generate() does, or is refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,14 +84,18 @@ class HFModel:
         if not isinstance(self.config, dict):
             raise BadCheckpoint(f"{config_file}: expected a JSON object")
         generation = path / "generation_config.json"
-        self.generation = read_json(generation, BadCheckpoint) if generation.is_file() else {}
+        # transformers reads generation_config.json where the directory has one, else config.json's settings
+        self.generation = read_json(generation, BadCheckpoint) if generation.is_file() else self.config
+        if not isinstance(self.generation, dict):
+            raise BadCheckpoint(f"{generation}: expected a JSON object")
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
 
     def generation_value(self, key: str) -> Any:
-        """A generation setting: generation_config.json's, else (older exports) config.json's."""
-        return self.generation.get(key, self.config.get(key))
+        """A generation setting as generate() reads it: generation_config.json's where the directory has one, else
+        (older exports) config.json's; None: not set."""
+        return self.generation.get(key)
 
     def state_dict(self) -> StateDict:
         sd = self.read_weights()
@@ -131,6 +137,81 @@ class HFModel:
         """generation_config's bad_words_ids of one token each: ids transformers never generates."""
         bad = self.generation_value("bad_words_ids") or []
         return tuple(sorted({ids[0] for ids in bad if isinstance(ids, list) and len(ids) == 1}))
+
+
+# generate()'s early_stopping -> the beam search rule that decodes as it does (DecodeOptions' beam_stop)
+EARLY_STOPPING = {False: "transformers", True: "transformers_early", "never": "transformers_never"}
+# Generation settings that change what generate() decodes and that twostep does not run: each with the values that
+# change nothing (unset, None, is one of them) and what it asks for.
+NOT_RUN = {
+    "do_sample": ((False,), "sampling; twostep samples only when asked (--sample)"),
+    "min_length": ((0, 1), "eos blocked after the softmax (twostep's min_new_tokens blocks it before)"),
+    "min_new_tokens": ((0,), "eos blocked after the softmax (twostep's min_new_tokens blocks it before)"),
+    "repetition_penalty": ((1, 1.0), "a repetition penalty"),
+    "encoder_repetition_penalty": ((1, 1.0), "an encoder repetition penalty"),
+    "encoder_no_repeat_ngram_size": ((0,), "n-grams of the source banned"),
+    "num_beam_groups": ((1,), "diverse (group) beam search"),
+    "diversity_penalty": ((0, 0.0), "diverse (group) beam search"),
+    "penalty_alpha": ((0, 0.0), "contrastive search"),
+    "exponential_decay_length_penalty": ((), "an exponentially growing eos bonus"),
+    "renormalize_logits": ((False,), "log-probabilities renormalised after the bans"),
+    "sequence_bias": (({},), "biased token sequences"),
+    "force_words_ids": (([],), "constrained beam search"),
+    "constraints": (([],), "constrained beam search"),
+    "suppress_tokens": (([],), "suppressed tokens"),
+    "begin_suppress_tokens": (([],), "tokens suppressed at the first step"),
+    "forced_decoder_ids": (([],), "forced decoder ids"),
+    "guidance_scale": ((1, 1.0), "classifier-free guidance"),
+    "watermarking_config": (({},), "watermarking"),
+}
+
+
+def generation_decoding(hf: HFModel) -> dict[str, Any]:
+    """generate()'s decoding as the model's generation config sets it, as the decoding defaults a checkpoint records
+    (DecodeOptions' fields): transformers' beam search rule for its early_stopping (beam_stop), num_beams
+    (beam_size), length_penalty, max_new_tokens (else max_length, which counts the decoder's start token: one
+    less), no_repeat_ngram_size. A setting that changes what generate() decodes and that twostep does not run
+    (NOT_RUN, bad_words_ids of several tokens) or a value generate() does not take is refused: every one in one
+    line, with the fix. Without max_length generate() stops at 20 new tokens; twostep keeps its own default (2 x
+    source + 16)."""
+    value = hf.generation_value
+    where = "generation_config.json" if (hf.path / "generation_config.json").is_file() else "config.json"
+    problems = [f"{key} {json.dumps(value(key))} ({what})" for key, (same, what) in NOT_RUN.items()
+                if value(key) is not None and value(key) not in same]
+    bad_words = value("bad_words_ids") or []
+    bad_words = [ids for ids in bad_words if not (isinstance(ids, list) and len(ids) == 1)] \
+        if isinstance(bad_words, list) else [bad_words]
+    if bad_words:
+        problems.append(f"bad_words_ids {json.dumps(bad_words)} (sequences of several tokens banned; twostep bans "
+                        "single tokens)")
+
+    def count(key: str, low: int) -> int | None:
+        found = value(key)
+        if found is not None and (not isinstance(found, int) or isinstance(found, bool) or found < low):
+            problems.append(f"{key} {json.dumps(found)} (expected an integer of at least {low})")
+        return found
+    beams, new_tokens, max_length = count("num_beams", 1), count("max_new_tokens", 1), count("max_length", 2)
+    ngram, early, length_penalty = count("no_repeat_ngram_size", 0), value("early_stopping"), value("length_penalty")
+    if early is not None and not (isinstance(early, bool) or early == "never"):
+        problems.append(f"early_stopping {json.dumps(early)} (expected true, false or \"never\")")
+    if length_penalty is not None and (not isinstance(length_penalty, (int, float)) or isinstance(length_penalty, bool)
+                                       or not math.isfinite(length_penalty)):
+        problems.append(f"length_penalty {json.dumps(length_penalty)} (expected a number)")
+    if problems:
+        them = "it" if len(problems) == 1 else "them"
+        raise BadCheckpoint(f"{hf.path / where}: cannot import generate()'s decoding: {'; '.join(problems)}; twostep "
+                            f"does not decode so: remove {them} from {where} to import the model, which then "
+                            f"decodes as generate() does without {them}")
+    decoding: dict[str, Any] = {"beam_stop": EARLY_STOPPING[early if early is not None else False]}
+    if beams is not None:
+        decoding["beam_size"] = beams
+    if length_penalty is not None:
+        decoding["length_penalty"] = float(length_penalty)
+    if new_tokens is not None or max_length is not None:
+        decoding["max_new_tokens"] = new_tokens if new_tokens is not None else max_length - 1
+    if ngram:
+        decoding["no_repeat_ngram_size"] = ngram
+    return decoding
 
 
 def read_safetensors(path: Path) -> StateDict:

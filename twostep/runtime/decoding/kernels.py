@@ -70,22 +70,24 @@ def row_candidates(logits: np.ndarray, n: int, rows: np.ndarray) -> tuple[np.nda
 
 
 def beam_candidates(logits: np.ndarray, scores: np.ndarray, n: int, skip: list[int] | None = None,
-                    scratch: np.ndarray | None = None,
-                    helper: Executor | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    scratch: np.ndarray | None = None, helper: Executor | None = None,
+                    banned: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each sentence's n best continuations. logits (S*K, V), K rows per sentence; scores (S, K), the beams'
     log-probabilities (-inf: not alive). Returns totals (S, n) float64 and flat indices beam * V + token,
     best first, ties to the lower index, padded with -inf and -1 where a sentence has fewer than n finite
     candidates: the prefix of a stable `argsort(-(scores + log_softmax(logits)))` over each sentence's K*V
     candidates that stops at the first -inf. `skip` (a suppressed eos, ids a model never generates) count in the
     softmax but are never candidates, as transformers' logits processors do it: they are set to -inf in `logits`,
-    which are the caller's, in place. log-softmax is
-    monotone in each row, so a sentence's n best lie among its rows' n best logits: only those get a total.
-    `scratch` and `helper`: as row_log_normalisers takes them."""
+    which are the caller's, in place; so are `banned` (rows, ids): ids of single rows (no_repeat_ngram_size's).
+    log-softmax is monotone in each row, so a sentence's n best lie among its rows' n best logits: only those get a
+    total. `scratch` and `helper`: as row_log_normalisers takes them."""
     sentences, k = scores.shape
     vocab = logits.shape[1]
     top, lse = row_log_normalisers(logits, scratch, helper)
     if skip:
         logits[:, skip] = -np.inf
+    if banned is not None:
+        logits[banned] = -np.inf
     flat_scores = scores.reshape(-1)
     r, c = row_candidates(logits, n, np.flatnonzero(flat_scores > -np.inf))
     total = flat_scores[r] + ((logits[r, c].astype(np.float64) - top[r]) - lse[r])
@@ -123,6 +125,21 @@ def best_of_sentences(r: np.ndarray, c: np.ndarray, total: np.ndarray, shape: tu
     out_total[sentence[best], rank[best]] = total[best]
     out_flat[sentence[best], rank[best]] = flat[best]
     return out_total, out_flat
+
+
+def repeated_ngrams(sequences: np.ndarray, lengths: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' NoRepeatNGramLogitsProcessor: of each row of `sequences` (R, W), whose first lengths[r] ids are
+    its tokens so far, the ids that would complete an n-gram those tokens already hold (one whose first n - 1 ids
+    are its last n - 1). Returns (rows, ids), a row once for each n-gram it holds."""
+    rows, width = sequences.shape
+    if width < n or not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(sequences, n, axis=1)  # (R, W - n + 1, n): every n-gram
+    inside = np.arange(width - n + 1)[None, :] <= (lengths - n)[:, None]  # the n-gram lies within the tokens
+    last = np.clip(lengths[:, None] - (n - 1) + np.arange(n - 1), 0, width - 1)  # (R, n - 1)
+    suffix = np.take_along_axis(sequences, last, axis=1)
+    r, w = np.nonzero(inside & (windows[:, :, : n - 1] == suffix[:, None, :]).all(-1))
+    return r, windows[r, w, n - 1]
 
 
 def rows_of(logits: np.ndarray, at: np.ndarray) -> np.ndarray:

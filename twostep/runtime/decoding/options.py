@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from twostep.artifact.config import ModelConfig
 
 
-BEAM_STOPS = ("n_best", "transformers", "ctranslate2")
+# Beam search's stopping rules (DecodeOptions.beam_stop): twostep's, transformers' generate() with each of its
+# early_stopping values (False, True, "never"), CTranslate2's.
+BEAM_STOPS = ("n_best", "transformers", "transformers_early", "transformers_never", "ctranslate2")
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ MAX_NEW_TOKENS = 1 << 20  # a sentence's tokens: beam search divides by length *
 #   is uniform to the last digit of a probability.
 # - beam_size and n_best: rows of one batch (a server's max_beam is lower still).
 # - top_k: any count; beyond the vocabulary it keeps every token. seed: what numpy's and C++'s 64-bit generators
-#   take. max_new_tokens and min_new_tokens: a sentence's tokens (a model's max_positions caps them further).
+#   take. max_new_tokens and min_new_tokens: a sentence's tokens (a model's max_positions caps them further);
+#   no_repeat_ngram_size likewise (an n-gram longer than a sentence bans nothing).
 BOUNDS: dict[str, Bound] = {
     "beam_size": Bound(1, 256, integer=True),
     "n_best": Bound(1, 256, integer=True),  # and at most beam_size
@@ -96,6 +99,7 @@ BOUNDS: dict[str, Bound] = {
     "seed": Bound(0, 2**64 - 1, integer=True),
     "max_new_tokens": Bound(1, MAX_NEW_TOKENS, integer=True),
     "min_new_tokens": Bound(0, MAX_NEW_TOKENS, integer=True),
+    "no_repeat_ngram_size": Bound(0, MAX_NEW_TOKENS, integer=True),
 }
 
 
@@ -123,19 +127,27 @@ class DecodeOptions:
     # Beam search's stopping rule. "n_best": a sentence is done once it has n_best finished hypotheses and its
     # best live one cannot beat the worst of them. "transformers": as transformers' generate() (early_stopping
     # False): it keeps beam_size finished hypotheses, and only a candidate among a step's beam_size best may
-    # finish; slower, and what a model's transformers reference decodes. "ctranslate2": as CTranslate2's
+    # finish; slower, and what a model's transformers reference decodes. "transformers_early" (early_stopping
+    # True): the same, done once it has beam_size finished hypotheses. "transformers_never" (early_stopping
+    # "never"): the same, but with length_penalty > 0 its best live one is scored at the sentence's limit, where it
+    # would score best. What a model imported from transformers decodes by default. "ctranslate2": as CTranslate2's
     # BeamSearch (patience 1): only a candidate among a step's beam_size best may finish, with its raw score, and a
     # sentence is done once it has beam_size finished hypotheses (length_penalty 0: once its best candidate has
     # ended and it has n_best), or at its limit, where the beam_size best candidates all finish; ids a step never
     # picks are out of the softmax. What a CTranslate2 model (an Argos Translate package) decodes.
     beam_stop: str = "n_best"
+    # transformers' no_repeat_ngram_size: a token that would complete an n-gram of this size that the sentence
+    # (its decoder start token included) already holds is never picked; it stays in beam search's softmax, as
+    # transformers' logits processor has it (0: no such rule)
+    no_repeat_ngram_size: int = 0
 
     def __post_init__(self) -> None:
         problems = []
         for name, bound in BOUNDS.items():
             value = getattr(self, name)
             if not (value is None and name in ("seed", "max_new_tokens")) and not bound.admits(value):
-                problems.append(f"{name.replace('_size', ' size')} must be {bound.words()}, got {value!r}")
+                shown = "beam size" if name == "beam_size" else name
+                problems.append(f"{shown} must be {bound.words()}, got {value!r}")
         if BOUNDS["beam_size"].admits(self.beam_size) and BOUNDS["n_best"].admits(self.n_best) \
                 and self.n_best > self.beam_size:
             problems.append(f"n_best must be at most the beam size {self.beam_size}, got {self.n_best!r}")

@@ -15,6 +15,7 @@ from twostep.runtime.decoding.kernels import (
     beam_candidates,
     beam_candidates_from_top,
     log_softmax,
+    repeated_ngrams,
     rows_of,
 )
 from twostep.runtime.decoding.options import DecodeOptions, Hypothesis, Specials
@@ -35,6 +36,7 @@ class Group:
         self.options, self.specials = options, specials
         self.eos_id, self.pad_id = specials.eos_id, specials.pad_id  # read at every step
         self.blocked = specials.blocked(options.suppress_eos)  # ids a step never picks
+        self.ngram = options.no_repeat_ngram_size
         self.owners: list = []
         self.at = np.zeros(0, np.int64)
         self.steps = np.zeros(0, np.int64)
@@ -92,12 +94,24 @@ class Group:
 
     def needs_logits(self, width: int) -> bool:
         """Whether a step needs the full logits, where the search outputs hold a row's `width` best: eos leaves
-        the softmax of a sentence that has generated fewer than min_new_tokens (`early`)."""
-        return not 0 < self.candidates() + len(self.blocked) <= width or bool(self.early().any())
+        the softmax of a sentence that has generated fewer than min_new_tokens (`early`); no_repeat_ngram_size
+        bans ids row by row, any number of them."""
+        return not 0 < self.candidates() + len(self.blocked) <= width or bool(self.early().any()) or self.ngram > 0
 
     def early(self) -> np.ndarray:
         """Which sentences have generated fewer than min_new_tokens tokens: eos is no candidate of theirs."""
         return self.steps < self.options.min_new_tokens
+
+    def repeats(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """no_repeat_ngram_size's bans, (rows, ids) of this group's rows, given their tokens so far (k rows a
+        sentence, steps[j] tokens each): the n-grams of the decoder's start token and those, as transformers' rule
+        counts them. A sentence at a forced step bans nothing (its forced token wins, as transformers'
+        forced_bos_token_id does). None: no such rule."""
+        if not self.ngram:
+            return None
+        start = np.full((len(tokens), 1), self.specials.bos_id, np.int64)
+        lengths = np.repeat(np.where(self.steps >= self.forced, self.steps + 1, 0), self.k)
+        return repeated_ngrams(np.concatenate([start, tokens], axis=1), lengths, self.ngram)
 
     def block_early_eos(self, logits: np.ndarray) -> None:
         """eos out of the early sentences' rows of the group's logits (in place, before any softmax)."""
@@ -146,6 +160,8 @@ class Greedy(Group):
             if self.blocked:
                 logits[:, self.blocked] = -np.inf
             self.block_early_eos(logits)
+            if (banned := self.repeats(self.out)) is not None:
+                logits[banned] = -np.inf
             next_ids = self.pick(logits)
         else:  # the first of each row's best that is not blocked: argmax's pick, ties to the lower id
             ids = rows_of(step["top_ids"], self.at)
@@ -210,6 +226,10 @@ class Beam(Group):
     With `beam_stop="transformers"` it keeps beam_size finished hypotheses instead of n_best (and returns the
     n_best best), and a candidate that ends in eos finishes only if it is among the step's beam_size best: the
     rule of transformers' generate() (early_stopping=False), which can run longer and find a different best.
+    "transformers_early" (early_stopping=True) is done once it holds beam_size finished hypotheses;
+    "transformers_never" (early_stopping="never") with length_penalty > 0 normalises the best live one at the
+    sentence's limit instead of its current length (transformers' max_length), so it runs on while a longer
+    hypothesis could still win.
 
     With `beam_stop="ctranslate2"` it is CTranslate2's BeamSearch (decoding.cc, patience 1): `advance_ctranslate2`."""
 
@@ -217,7 +237,9 @@ class Beam(Group):
         super().__init__(*args)
         o = self.options
         self.k, self.n_best, self.length_penalty = o.beam_size, o.n_best, o.length_penalty
-        self.hf_rule = o.beam_stop == "transformers"
+        self.hf_rule = o.beam_stop in ("transformers", "transformers_early", "transformers_never")
+        self.hf_early = o.beam_stop == "transformers_early"
+        self.hf_never = o.beam_stop == "transformers_never" and o.length_penalty > 0
         self.ct2_rule = o.beam_stop == "ctranslate2"
         self.top_ended = np.zeros(0, bool)  # ctranslate2: a step's best candidate has ended (sticky)
         self.pool = self.k if self.hf_rule else self.n_best  # finished hypotheses kept per sentence
@@ -312,8 +334,13 @@ class Beam(Group):
             self.finished[j].append(Hypothesis(tokens, self.norm(float(total[j, c]), int(length[j]))))
         for j in np.flatnonzero(ending.any(axis=1)):
             self.keep_best(j)
-        best_alive = next_scores[:, 0] / np.array([self.power(int(x)) for x in length])
-        ends = ~kept.any(axis=1) | (self.worst >= best_alive)
+        if self.hf_early:  # at its limit a full sentence still takes its live beams (transformers' max_length)
+            full = np.array([len(f) >= self.pool for f in self.finished], bool)
+            ends = ~kept.any(axis=1) | (full & (length < self.limits))
+        else:  # the best live hypothesis, normalised where it would score best, cannot beat the worst finished one
+            best_at = self.limits if self.hf_never else length
+            best_alive = next_scores[:, 0] / np.array([self.power(int(x)) for x in best_at])
+            ends = ~kept.any(axis=1) | (self.worst >= best_alive)
         rows = (np.arange(n)[:, None] * k + origins).reshape(-1)
         self.history = self.history[rows]
         self.history[np.arange(n * k), np.repeat(self.steps, k)] = next_tokens.reshape(-1)
@@ -393,7 +420,8 @@ class Beam(Group):
             logits[:, skip] = -np.inf
             skip = None
         self.block_early_eos(logits)
-        return beam_candidates(logits, self.scores, 2 * self.k, skip, self.scratch[: logits.shape[0]], self.helper)
+        return beam_candidates(logits, self.scores, 2 * self.k, skip, self.scratch[: logits.shape[0]], self.helper,
+                               self.repeats(self.history))
 
 
 def strategy(options: DecodeOptions) -> type[Group]:

@@ -79,8 +79,11 @@ class TranslateRequest(BaseModel):
     suppress_eos: Optional[bool] = Field(None, description="Never end at eos: max_new_tokens tokens each "
                                          "(benchmarks).")
     beam_stop: Optional[str] = Field(None, description="Beam search's stopping rule: n_best (twostep's), "
-                                     "transformers (as its generate() stops: keeps beam finished hypotheses), or "
-                                     "ctranslate2 (as CTranslate2's beam search, Argos Translate's engine).")
+                                     "transformers (as its generate() stops: keeps beam finished hypotheses; "
+                                     "transformers_early, transformers_never: with early_stopping true, \"never\"), "
+                                     "or ctranslate2 (as CTranslate2's beam search, Argos Translate's engine).")
+    no_repeat_ngram_size: Optional[int] = Field(None, description="Never repeat an n-gram of this size "
+                                                "(transformers' no_repeat_ngram_size; 0: no such rule).")
     replace_unknowns: Optional[bool] = Field(None, description="Replace each <unk> by the source piece it attends "
                                              "to most (CTranslate2's replace_unknowns; false unless the model says "
                                              "otherwise, as an Argos package does).")
@@ -103,7 +106,8 @@ class TranslateRequest(BaseModel):
             beam_size=self.beam, n_best=self.n_best, length_penalty=self.length_penalty,
             max_new_tokens=self.max_new_tokens, min_new_tokens=self.min_new_tokens, sampling=self.sampling,
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
-            suppress_eos=self.suppress_eos, beam_stop=self.beam_stop, replace_unknowns=self.replace_unknowns)
+            suppress_eos=self.suppress_eos, beam_stop=self.beam_stop, no_repeat_ngram_size=self.no_repeat_ngram_size,
+            replace_unknowns=self.replace_unknowns)
 
 
 class Sentence(BaseModel):
