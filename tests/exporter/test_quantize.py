@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 
 from twostep.verify import verify
 
@@ -56,10 +57,17 @@ def test_int8_export_quantizes_the_tied_generator(demo_int8):
     assert readers <= {"Gather"}, f"an fp32 {table} table is read by {readers}"
 
 
-def test_weight_by_weight_quantization_computes_what_quantize_dynamic_computes(demo_artifact, tmp_path):
-    """quantize_int8 quantizes one weight at a time; the graph it writes gives, bit for bit, the outputs of
-    ONNX Runtime's quantize_dynamic run on the whole graph with the same settings (the int8 numerics before)."""
+@pytest.mark.parametrize("chunk", [64 << 20, 4096])
+def test_weight_by_weight_quantization_computes_what_quantize_dynamic_computes(demo_artifact, tmp_path, chunk,
+                                                                              monkeypatch):
+    """quantize_int8 quantizes one weight at a time (and, past QUANTIZE_CHUNK bytes, a few columns at a time);
+    the graph it writes gives, bit for bit, the outputs of ONNX Runtime's quantize_dynamic run on the whole
+    graph with the same settings (the int8 numerics before)."""
     import shutil
+
+    from twostep.exporter import quantize
+
+    monkeypatch.setattr(quantize, "QUANTIZE_CHUNK", chunk)
 
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic

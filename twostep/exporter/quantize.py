@@ -18,6 +18,7 @@ import onnx
 from twostep.artifact.trust import external_data_locations
 from twostep.exporter.shared import PAGE, SMALLEST, external_span, save_graph
 
+QUANTIZE_CHUNK = 64 << 20  # bytes of a weight's columns quantized at once (quantize_columns)
 QUANTIZATION = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
                 "matmul_const_b_only": True}
 
@@ -37,17 +38,19 @@ def quantize_int8(path: Path) -> dict:
     weights = {t.name: t for t in graph.initializer}
     data = path.with_name(path.name + ".int8.data")
     external = any(external_span(t) for t in weights.values())  # a large graph (shared.py): so is its output
-    nodes, added, shared = [], [], set()
+    nodes, added, shared, done = [], [], set(), set()
     with open(data, "wb") as out:
         for node in graph.node:
             weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
             if weight is None or weight.data_type != onnx.TensorProto.FLOAT:
                 nodes.append(node)
                 continue
-            replacing, tensors = quantize_product(node, read_array(path.parent, weight), path.parent)
+            replacing, tensors = quantize_columns(node, read_array(path.parent, weight), path.parent)
             nodes += [n for n in replacing if not (n.op_type == "DynamicQuantizeLinear" and n.input[0] in shared)]
             shared.add(node.input[0])
-            added += [append_external(t, out, data.name) if external else t for t in tensors]
+            if weight.name not in done:  # a weight two products read is quantized once, as quantize_dynamic does
+                added += [append_external(t, out, data.name) if external else t for t in tensors]
+                done.add(weight.name)
     read = {name for node in nodes for name in node.input} | {v.name for v in graph.output}
     kept = [t for t in graph.initializer if t.name in read] + added
     del graph.node[:]
@@ -92,6 +95,25 @@ def read_array(directory: Path, tensor) -> np.ndarray:
         f.seek(offset)
         array = np.fromfile(f, dtype=dtype, count=length // dtype.itemsize)
     return array.reshape(tuple(tensor.dims))
+
+
+def quantize_columns(node, weight: np.ndarray, directory: Path) -> tuple[list, list]:
+    """quantize_product, on QUANTIZE_CHUNK bytes of the weight's columns at a time: its quantization is per
+    column (per output channel), so the pieces' int8 columns, scales and zero points joined are the whole's; the
+    quantizer's own copies (several of what it is given) stay a few chunks' worth, not a 256k-row table's."""
+    from onnx import numpy_helper
+
+    rows, columns = weight.shape
+    step = max(1, QUANTIZE_CHUNK // max(1, rows * weight.itemsize))
+    if step >= columns:
+        return quantize_product(node, weight, directory)
+    nodes, pieces = [], []
+    for start in range(0, columns, step):
+        nodes, tensors = quantize_product(node, np.ascontiguousarray(weight[:, start : start + step]), directory)
+        pieces.append({t.name: numpy_helper.to_array(t) for t in tensors})
+    joined = [numpy_helper.from_array(np.concatenate([piece[name] for piece in pieces], axis=pieces[0][name].ndim - 1),
+                                      name) for name in pieces[0]]
+    return nodes, joined
 
 
 def quantize_product(node, weight: np.ndarray, directory: Path) -> tuple[list, list]:
