@@ -18,7 +18,7 @@ import onnx
 from twostep.artifact.trust import external_data_locations
 from twostep.exporter.shared import PAGE, SMALLEST, external_span, save_graph
 
-QUANTIZE_CHUNK = 64 << 20  # bytes of a weight's columns quantized at once (quantize_columns)
+QUANTIZE_CHUNK = 16 << 20  # bytes of a weight's columns quantized at once (quantize_columns)
 QUANTIZATION = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
                 "matmul_const_b_only": True}
 
