@@ -52,9 +52,10 @@ TOLERANCES = {
     "tf32": {"logits": (2e-2, 2e-2), "kv": (1e-2, 1e-2)},  # fp32 graphs on TF32 tensor cores (opt-in, ort-trt)
     "fp16": {"logits": (5e-2, 5e-2), "kv": (2e-2, 2e-2)},
     "int8": None,
+    "int4": None,
 }
 # Share of whole greedy/beam sequences that must equal fp32 eager's.
-REQUIRED_AGREEMENT = {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "int8": 0.99}
+REQUIRED_AGREEMENT = {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "int8": 0.99, "int4": 0.9}
 
 ONNX_TYPE_NAMES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT: "float32",
                    onnx.TensorProto.FLOAT16: "float16"}
