@@ -35,11 +35,6 @@ from twostep.verify import verify
 FAMILY_TOKEN_AGREEMENT = 0.7
 
 
-@pytest.fixture(scope="module")
-def demo_int4(tmp_path_factory, demo_model_dir):
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo-int4") / "art", dtype="int4").path
-
-
 def weight_matmuls(path) -> int:
     """MatMuls reading an initializer, directly or through a Transpose (a tied generator), in an fp32 graph."""
     graph = onnx.load(str(path), load_external_data=False).graph
