@@ -102,6 +102,13 @@ def demo_int8(tmp_path_factory, demo_model_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_int4(tmp_path_factory, demo_model_dir) -> Path:
+    from twostep.exporter.export import export
+
+    return export(demo_model_dir, tmp_path_factory.mktemp("demo-int4") / "art", dtype="int4").path
+
+
+@pytest.fixture(scope="session")
 def cpp_build(tmp_path_factory) -> Path:
     """cpp/fetch_deps.sh, then CMake into a fresh build directory; the build log on failure."""
     missing = [tool for tool in ("cmake", "ctest", "make", "g++") if shutil.which(tool) is None]

@@ -186,12 +186,12 @@ def export(
                                  "artifact."),
     opset: int = typer.Option(18, help="ONNX opset, 17..23."),
     dtype: str = typer.Option("fp32", help="fp32; fp16 (fragile ops kept fp32); int8 (dynamic quantization of the "
-                              "weight MatMuls)."),
+                              "weight MatMuls); int4 (4-bit weights in blocks, ONNX Runtime's MatMulNBits, CPU)."),
     optimize: bool = typer.Option(False, help="ONNX Runtime transformer fusions (ONNX Runtime only, not TensorRT)."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier artifact at --out (never other files)."),
     inplace_cache: Optional[bool] = typer.Option(None, "--inplace-cache/--no-inplace-cache", show_default=False, help=(
         "The in-place decoder, an ONNX Runtime-only variant whose KV cache is written in place, which ort-cpu "
-        "decodes with: written by default wherever the model allows it (fp32 or int8, head size a multiple of "
+        "decodes with: written by default wherever the model allows it (fp32, int8 or int4, head size a multiple of "
         "8), sharing the plain decoder's weights. --inplace-cache insists on it; --no-inplace-cache leaves it "
         "out. The two plain graphs are written either way.")),
     variant: list[str] = typer.Option([], "--variant", help=(

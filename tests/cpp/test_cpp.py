@@ -62,6 +62,16 @@ def test_cpp_matches_python_runtime(cpp_build, demo_artifact, test_sentences, be
     assert_same(f"beam {beam} ids", ids_lines(py_ids), ids.stdout.splitlines())
 
 
+def test_cpp_decodes_an_int4_artifact_as_the_python_runtime(cpp_build, demo_int4, test_sentences):
+    """int4 weights are ONNX Runtime's MatMulNBits (com.microsoft): the ONNX Runtime the library links runs them."""
+    translator, backend = open_translator(demo_int4, "ort-cpu", options=DecodeOptions(beam_size=4))
+    with backend:
+        py_text = translator.translate(test_sentences)
+    text = translate(cpp_build, demo_int4, test_sentences, "--beam", 4)
+    assert text.returncode == 0, text.stderr
+    assert_same("int4 beam 4 text", py_text, text.stdout.splitlines())
+
+
 def streamed(events: list[dict], n: int, key: str = "delta") -> list:
     """Each sentence's deltas joined (key "tokens": its last tokens), after checking that each of the n got
     exactly one finished event, its last."""

@@ -43,7 +43,7 @@ FORMAT = "twostep-artifact"
 SCHEMA_VERSION = 3
 READS = (2, 3)
 DTYPES = ("float32", "float16")
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 # The decoding defaults an artifact may record: DecodeOptions (twostep.runtime.decoding) field -> JSON type. The
 # values' ranges are DecodeOptions' to check, when a translator opens the artifact.
@@ -73,7 +73,7 @@ class GraphEntry:
 class Manifest:
     config: ModelConfig
     dtype: str  # the graphs' float I/O dtype
-    precision: str  # the weights': fp32, fp16 or int8
+    precision: str  # the weights': fp32, fp16, int8 or int4
     opset: int
     graphs: Mapping[str, GraphEntry]  # the contract's two, then the variants this twostep knows
     tokenizer: TokenizerSpec | None = None

@@ -186,7 +186,7 @@ INPLACE_FILE = "decoder_inplace.onnx"
 def inplace_unsupported(config: ModelConfig, precision: str) -> str | None:
     """Why this model cannot have the in-place decoder, or None."""
     if precision == "fp16":
-        return "it is for ONNX Runtime on the CPU (fp32 or int8); fp16 artifacts run on GPUs"
+        return "it is for ONNX Runtime on the CPU (fp32, int8 or int4); fp16 artifacts run on GPUs"
     if config.head_dim_k != config.head_dim_v:
         return f"its key and value head sizes differ ({config.head_dim_k} and {config.head_dim_v})"
     if config.head_dim_k % 8:

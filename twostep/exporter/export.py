@@ -38,6 +38,7 @@ from twostep.artifact.spec import CONTRACT, GRAPHS, GraphInfo, graph_specs
 from twostep.errors import BadInput, ParityFailure
 from twostep.exporter import shared
 from twostep.exporter.graphs import TRACE_SIZES
+from twostep.exporter.int4 import quantize_int4
 from twostep.exporter.quantize import convert_fp16, fuse_transformer_ops, quantize_int8
 from twostep.exporter.validate import (
     EXPORT_GRID,
@@ -57,7 +58,8 @@ from twostep.runtime.backends.torch_backend import TorchBackend
 from twostep.runtime.decoding.options import with_defaults
 
 # --dtype -> (graph I/O dtype, weight precision)
-DTYPES = {"fp32": ("float32", "fp32"), "fp16": ("float16", "fp16"), "int8": ("float32", "int8")}
+DTYPES = {"fp32": ("float32", "fp32"), "fp16": ("float16", "fp16"), "int8": ("float32", "int8"),
+          "int4": ("float32", "int4")}
 DEFAULT_OPSET = 18
 
 
@@ -114,6 +116,8 @@ def build_graph(model: torch.nn.Module, name: str, path: Path, opset: int, optim
         quantization = convert_fp16(path)
     if precision == "int8":
         quantization = quantize_int8(path)
+    if precision == "int4":
+        quantization = quantize_int4(path)
     return fusions, quantization
 
 
@@ -256,7 +260,8 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
     with output_directory(out_dir, ARTIFACT, force) as tmp, \
             tempfile.TemporaryDirectory(prefix=".validation-", dir=tmp.parent) as answers:
         steps = ", ".join(filter(None, ["traced", "fused" if optimize else "",
-                                        {"fp16": "converted to fp16", "int8": "quantized to int8"}.get(precision)]))
+                                        {"fp16": "converted to fp16", "int8": "quantized to int8",
+                                         "int4": "quantized to int4"}.get(precision)]))
         log(f"exporting {', '.join(info.name for info in graphs)} ({steps}) in {jobs} process(es)")
         built, reference = build_graphs(model, ckpt.path, graphs, tmp, opset, optimize, precision, jobs,
                                          Path(answers))

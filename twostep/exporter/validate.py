@@ -54,10 +54,13 @@ TOLERANCES = {
     "tf32": {"logits": (2e-2, 2e-2), "kv": (1e-2, 1e-2)},  # fp32 graphs on TF32 tensor cores (opt-in, ort-trt)
     "fp16": {"logits": (5e-2, 5e-2), "kv": (2e-2, 2e-2)},
     "int8": None,
+    "int4": None,
 }
 TOLERANCE_RULE = "|candidate - reference| <= atol * max(1, rms of the reference's row) + rtol * |reference|"
-# Share of whole greedy/beam sequences that must equal fp32 eager's.
-REQUIRED_AGREEMENT = {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "int8": 0.99}
+# Share of whole greedy/beam sequences that must equal fp32 eager's. int4: the demo model keeps 999 or 1000 of its
+# 1000 test sentences, greedy and beam 4, at every block size, symmetry and accuracy level tried (int8: 1000);
+# int4's logits are 4-5 times as far from fp32's as int8's, so twice int8's allowance.
+REQUIRED_AGREEMENT = {"fp32": 1.0, "tf32": 0.99, "fp16": 0.99, "int8": 0.99, "int4": 0.98}
 
 ONNX_TYPE_NAMES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT: "float32",
                    onnx.TensorProto.FLOAT16: "float16"}

@@ -53,7 +53,7 @@ def gpu_name() -> str:
 
 def engine_precision(artifact: Artifact, fp16: bool = False, tf32: bool = False) -> str:
     """What an engine computes in: "fp16" (an fp16 artifact, or --fp16), "tf32" (opted in), else "fp32"."""
-    if artifact.precision == "int8" or artifact.manifest.fusions:
+    if artifact.precision in ("int8", "int4") or artifact.manifest.fusions:
         raise BadArtifact(f"{artifact.path}: TensorRT builds fp32 or fp16 artifacts exported without --optimize; "
                           "re-export with --dtype fp32 or fp16")
     if fp16 or artifact.precision == "fp16":

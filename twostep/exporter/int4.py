@@ -1,0 +1,98 @@
+"""int4: ONNX Runtime's MatMulNBits, weight-only 4-bit quantization for the CPU.
+
+Every weight MatMul becomes a com.microsoft MatMulNBits: each column of the (K, N) weight is cut along K into
+blocks of `block_size` values, each block stored as 4-bit integers with an fp32 scale (and, asymmetric, a 4-bit
+zero point); the activations stay fp32, and `accuracy_level` 4 has the CPU kernel quantize them to int8 per
+block and multiply in int8 (1: in fp32, on the weights unpacked). A weight a MatMul reads through a Transpose (a
+generator tied to the embedding table) is transposed once first (quantize.transpose_constant_weights), so that
+the largest product of a step is quantized too. Attention's activation-by-activation MatMuls, the embedding's
+Gather, the norms and the softmax stay fp32.
+
+ONNX Runtime's quantizer (onnxruntime.quantization.matmul_nbits_quantizer, 1.32) pads K up to a whole block
+and takes any N, so every 2-D weight of a twostep graph can be quantized; the block size must be a power of
+2 of 16 or more (MLAS refuses others). What it leaves as it was, without an error, is a MatMul weight it cannot
+take: a constant of rank above 2 whose leading dimensions are not all 1, or one computed in the graph (read
+through an op other than the Transpose folded here). A graph left with such a weight is refused, naming them:
+an int4 artifact with fp32 matrices in it would read most of its weights at fp32's cost.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from twostep.errors import BadInput
+from twostep.exporter.quantize import transpose_constant_weights
+from twostep.exporter.shared import save_graph
+
+# Chosen by measurement (benchmarks/int4.py; docs/benchmarks.md, "int4"): accuracy level 4 decodes twice as fast
+# as 1 (fp32 compute) or 0 (unset: the same kernel) at the same logits; blocks of 32 read 20% more bytes than blocks
+# of 128 and take 25% longer a token at d_model 512 (greedy batch 1, one thread: 2.75 against 2.20 ms; 64: 2.42),
+# and give the smallest error (logits 0.17 of their RMS off fp32's; 64: 0.19, 128: 0.21) and the best agreement on
+# the MADLAD-shaped test model; asymmetric (a 4-bit zero point a block, 2.5% more bytes) is 4-5% closer to fp32
+# than symmetric, at no measured cost in time.
+QUANTIZATION = {"op_type": "MatMulNBits", "bits": 4, "block_size": 32, "symmetric": False, "accuracy_level": 4,
+                "algorithm": "round to nearest"}
+QUANTIZER_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"  # it logs each node at INFO
+
+
+def quantize_int4(path: Path, block_size: int | None = None, symmetric: bool | None = None,
+                  accuracy_level: int | None = None) -> dict:
+    """Quantize the graph at `path` to MatMulNBits, replacing it; returns the settings, for the manifest. They
+    default to QUANTIZATION's (others: benchmarks/int4.py's sweep)."""
+    import onnx
+
+    q = dict(QUANTIZATION)
+    q.update({k: v for k, v in (("block_size", block_size), ("symmetric", symmetric),
+                                ("accuracy_level", accuracy_level)) if v is not None})
+    transpose_constant_weights(path)
+    quantizer = nbits_quantizer()(onnx.load(str(path)), bits=q["bits"], block_size=q["block_size"],
+                                  is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None,
+                                  op_types_to_quantize=("MatMul",))
+    logger = logging.getLogger(QUANTIZER_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        quantizer.process()
+    finally:
+        logger.setLevel(level)
+    model = quantizer.model.model
+    left = fp32_weights(model)
+    if left:
+        raise BadInput(f"--dtype int4 cannot quantize {len(left)} weight matri{'x' if len(left) == 1 else 'ces'} of "
+                       f"{path.name} ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): ONNX Runtime's "
+                       "MatMulNBits takes 2-D constant weights only; export with --dtype int8 or fp32")
+    save_graph(model, path)
+    return q
+
+
+def nbits_quantizer():
+    """ONNX Runtime's MatMulNBitsQuantizer. Its module calls logging.basicConfig at INFO on import, which would
+    print every library's INFO records for the rest of the process: the root logger is put back as it was."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+    return MatMulNBitsQuantizer
+
+
+def fp32_weights(model) -> list[str]:
+    """The MatMuls whose weight is still a float matrix of the graph's constants: an initializer, a Constant
+    node's value, or what ops compute from those alone (a Transpose of another permutation, a Cast, ...)."""
+    import onnx
+
+    graph = model.graph
+    matrices = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) >= 2}
+    constant = {t.name for t in graph.initializer}
+    for node in graph.node:  # in topological order: what is computed from constants alone is constant too
+        if node.op_type == "Constant" or all(name in constant for name in node.input if name):
+            constant.update(node.output)
+            if node.op_type != "Constant" and any(name in matrices for name in node.input):
+                matrices.update(node.output)
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if node.op_type == "Constant" and value is not None and len(value.dims) >= 2:
+                matrices.update(node.output)
+    return [node.input[1] for node in graph.node if node.op_type == "MatMul" and node.input[1] in matrices]
