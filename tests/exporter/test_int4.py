@@ -107,7 +107,9 @@ def test_a_weight_the_quantizer_would_leave_fp32_is_refused_on_the_cli_path(tmp_
 
     torch.manual_seed(0)
     ckpt = save_checkpoint(Transformer(preset("tiny", 1000, dropout=0.0, tie_generator=True)), tmp_path / "ckpt")
-    monkeypatch.setattr(int4, "transpose_constant_weights", lambda path: 0)
+    from twostep.exporter import graphs
+
+    monkeypatch.setattr(graphs, "fold_weight_transposes", lambda model: 0)
     monkeypatch.setattr("sys.argv", ["twostep", "export", str(ckpt), "--out", str(tmp_path / "out" / "art"),
                                      "--dtype", "int4", "--jobs", "1", "--no-inplace-cache"])
     with pytest.raises(SystemExit) as exit_:

@@ -4,9 +4,9 @@ Every weight MatMul becomes a com.microsoft MatMulNBits: each column of the (K, 
 blocks of `block_size` values, each block stored as 4-bit integers with an fp32 scale (and, asymmetric, a 4-bit
 zero point); the activations stay fp32, and `accuracy_level` 4 has the CPU kernel quantize them to int8 per
 block and multiply in int8 (1: in fp32, on the weights unpacked). A weight a MatMul reads through a Transpose (a
-generator tied to the embedding table) is transposed once first (quantize.transpose_constant_weights), so that
-the largest product of a step is quantized too. Attention's activation-by-activation MatMuls, the embedding's
-Gather, the norms and the softmax stay fp32.
+generator tied to the embedding table) was folded into a weight of its own when the graph was traced
+(twostep.exporter.graphs.fold_weight_transposes), so that the largest product of a step is quantized too.
+Attention's activation-by-activation MatMuls, the embedding's Gather, the norms and the softmax stay fp32.
 
 ONNX Runtime's quantizer (onnxruntime.quantization.matmul_nbits_quantizer, 1.32) pads K up to a whole block
 and takes any N, so every 2-D weight of a twostep graph can be quantized; the block size must be a power of
@@ -22,7 +22,6 @@ import logging
 from pathlib import Path
 
 from twostep.errors import BadInput
-from twostep.exporter.quantize import transpose_constant_weights
 from twostep.exporter.shared import save_graph
 
 # Chosen by measurement (benchmarks/int4.py; docs/benchmarks.md, "int4"): accuracy level 4 decodes twice as fast
@@ -45,7 +44,6 @@ def quantize_int4(path: Path, block_size: int | None = None, symmetric: bool | N
     q = dict(QUANTIZATION)
     q.update({k: v for k, v in (("block_size", block_size), ("symmetric", symmetric),
                                 ("accuracy_level", accuracy_level)) if v is not None})
-    transpose_constant_weights(path)
     quantizer = nbits_quantizer()(onnx.load(str(path)), bits=q["bits"], block_size=q["block_size"],
                                   is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None,
                                   op_types_to_quantize=("MatMul",))
