@@ -110,6 +110,19 @@ def test_gemm_products_of_the_plain_in_place_and_int8_decoders(tiny_artifact, de
         assert found(art.graph_file(INPLACE)) == expected(art.config, inplace=True, int8=int8)
 
 
+def test_gemm_products_of_an_int4_decoder(demo_int4, demo_inplace):
+    """Every product of an int4 decoder is a MatMulNBits, of the fp32 decoder's shapes; `twostep bench` times
+    them for its GEMM floor."""
+    for graph in ("decoder", INPLACE):
+        fp32 = gemm_products(load_artifact(demo_inplace.path).graph_file(graph))
+        int4 = gemm_products(load_artifact(demo_int4).graph_file(graph))
+        assert all(p.int4 and not p.int8 for p in int4)
+        assert sorted((p.k, p.n, p.count) for p in int4) == sorted((p.k, p.n, p.count) for p in fp32)
+    proc = twostep("bench", demo_int4, "--batch", "2", "--new-tokens", "8", "--warmup", "0", "--iters", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["gemm_floor_ms"] > 0 for r in json.loads(proc.stdout)] == [True]
+
+
 def test_gemm_products_reach_weights_through_transpose_cast_and_dequantize(tmp_path):
     """A tied generator (Transpose of the embedding table), Gemm's transB, fp16 weights behind a Cast, QDQ
     weights and int8 products are found; a product of two activations is not."""
@@ -135,13 +148,13 @@ def test_gemm_products_reach_weights_through_transpose_cast_and_dequantize(tmp_p
 
 
 def test_gemm_floor_sums_each_product_times_its_count():
-    products = [Product(8, 16, count=3), Product(16, 8, count=2, int8=True)]
+    products = [Product(8, 16, count=3), Product(16, 8, count=2, int8=True), Product(32, 8, int4=True)]
     floor = gemm_floor(products, rows=4, threads=1, repeats=3, warmup=1)
     assert [p for p, _ in floor.timed] == products and all(ms > 0 for _, ms in floor.timed)
-    assert floor.ms == pytest.approx(3 * floor.timed[0][1] + 2 * floor.timed[1][1])
-    assert floor.flops == 2 * 4 * (8 * 16 * 3 + 16 * 8 * 2)
+    assert floor.ms == pytest.approx(3 * floor.timed[0][1] + 2 * floor.timed[1][1] + floor.timed[2][1])
+    assert floor.flops == 2 * 4 * (8 * 16 * 3 + 16 * 8 * 2 + 32 * 8)
     assert floor.gflops == pytest.approx(floor.flops / floor.ms / 1e6)
-    assert "8x16 fp32 x3" in floor.rates() and "16x8 int8 x2" in floor.rates()
+    assert "8x16 fp32 x3" in floor.rates() and "16x8 int8 x2" in floor.rates() and "32x8 int4 x1" in floor.rates()
 
 
 @pytest.mark.parametrize("args", [["--beam", "2"], ["--beam", "2", "--search", "logits"], ["--beam", "1"],

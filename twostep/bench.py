@@ -109,22 +109,24 @@ def weight_bytes_per_step(graph_file: Path) -> int:
 
 INT8_PRODUCTS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
 WEIGHT_PRODUCTS = ("MatMul", "Gemm", *INT8_PRODUCTS)
+INT4_PRODUCT = "MatMulNBits"  # its weight packed in blocks: K and N are attributes
 
 
 @dataclass(frozen=True)
 class Product:
-    """`count` products of (rows, k) activations by a (k, n) weight, int8 or float."""
+    """`count` products of (rows, k) activations by a (k, n) weight, int8, int4 or float."""
 
     k: int
     n: int
     count: int = 1
     int8: bool = False
+    int4: bool = False
 
 
 def gemm_products(graph_file: Path) -> list[Product]:
-    """The weight products of one step of this graph, one Product per distinct (k, n, int8): its MatMuls and
-    Gemms, quantized or not, whose weight is an initializer, directly or through Transpose, Cast or
-    DequantizeLinear. Attention's products of two activations are not weight products."""
+    """The weight products of one step of this graph, one Product per distinct (k, n, int8, int4): its MatMuls
+    and Gemms, quantized or not, whose weight is an initializer, directly or through Transpose, Cast or
+    DequantizeLinear, and its MatMulNBits. Attention's products of two activations are not weight products."""
     import onnx
 
     graph = onnx.load(str(graph_file), load_external_data=False).graph
@@ -147,12 +149,15 @@ def gemm_products(graph_file: Path) -> list[Product]:
 
     counts: Counter = Counter()
     for node in graph.node:
+        if node.op_type == INT4_PRODUCT:
+            counts[attrs(node)["K"], attrs(node)["N"], False, True] += 1
+            continue
         shape = weight(node.input[1]) if node.op_type in WEIGHT_PRODUCTS else None
         if shape is None or len(shape) != 2:
             continue
         k, n = shape[::-1] if node.op_type == "Gemm" and attrs(node).get("transB") else shape
-        counts[k, n, node.op_type in INT8_PRODUCTS] += 1
-    return [Product(k, n, count, int8) for (k, n, int8), count in counts.items()]
+        counts[k, n, node.op_type in INT8_PRODUCTS, False] += 1
+    return [Product(k, n, count, int8, int4) for (k, n, int8, int4), count in counts.items()]
 
 
 @dataclass(frozen=True)
@@ -177,14 +182,14 @@ class Floor:
 
     def rates(self) -> str:
         """Each product's rate, e.g. `512x2048 fp32 x6: 95.1 GFLOP/s`."""
-        return ", ".join(f"{p.k}x{p.n} {'int8' if p.int8 else 'fp32'} x{p.count}: "
+        return ", ".join(f"{p.k}x{p.n} {'int8' if p.int8 else 'int4' if p.int4 else 'fp32'} x{p.count}: "
                          f"{2 * self.rows * p.k * p.n / ms / 1e6:.1f} GFLOP/s" for p, ms in self.timed)
 
 
 def gemm_floor(products: list[Product], rows: int, threads: int | None = 2, repeats: int = 10,
                warmup: int = 2) -> Floor:
     """Time each product in this process as a one-node ONNX model: a (rows, k) input by a random (k, n)
-    initializer, for int8 quantized as the exporter quantizes (quantize_int8). Sessions as ort-cpu opens them
+    initializer, for int8 and int4 quantized as the exporter quantizes. Sessions as ort-cpu opens them
     (all graph optimizations, which fuse the int8 ops; `threads` intra-op threads, None: ONNX Runtime's
     default), except that pool threads keep spinning between runs, as they do between a step's operators.
     Float weights are timed as fp32. A weight that fits in the caches stays there between repeats: at a few
@@ -192,6 +197,7 @@ def gemm_floor(products: list[Product], rows: int, threads: int | None = 2, repe
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from twostep.exporter.int4 import quantize_int4
     from twostep.exporter.quantize import quantize_int8
     from twostep.runtime.backends.ortlib import import_ort
 
@@ -213,6 +219,8 @@ def gemm_floor(products: list[Product], rows: int, threads: int | None = 2, repe
             onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
             if p.int8:
                 quantize_int8(path)
+            if p.int4:
+                quantize_int4(path)
             session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             feed = {"x": rng.standard_normal((rows, p.k), dtype=np.float32)}
             for _ in range(warmup):

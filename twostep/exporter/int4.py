@@ -24,12 +24,13 @@ from pathlib import Path
 from twostep.errors import BadInput
 from twostep.exporter.shared import save_graph
 
-# Chosen by measurement (benchmarks/int4.py; docs/benchmarks.md, "int4"): accuracy level 4 decodes twice as fast
-# as 1 (fp32 compute) or 0 (unset: the same kernel) at the same logits; blocks of 32 read 20% more bytes than blocks
-# of 128 and take 25% longer a token at d_model 512 (greedy batch 1, one thread: 2.75 against 2.20 ms; 64: 2.42),
-# and give the smallest error (logits 0.17 of their RMS off fp32's; 64: 0.19, 128: 0.21) and the best agreement on
-# the MADLAD-shaped test model; asymmetric (a 4-bit zero point a block, 2.5% more bytes) is 4-5% closer to fp32
-# than symmetric, at no measured cost in time.
+# Chosen by measurement (benchmarks/int4.py; docs/benchmarks.md, "int4"), at MADLAD-400's layer shape (d_model
+# 1024, d_ff 8192, 4+4 layers; greedy batch 1, one thread): accuracy level 4 decodes 1.8 times as fast as 1 (fp32
+# compute; 0, unset, is the same kernel) at the same logits. Blocks of 32 take 16.8 ms a token (64: 15.7, 128:
+# 13.4; int8 18.6) and are the closest to fp32 (logits 0.16 of their RMS off fp32's; 64: 0.18, 128: 0.20; int8
+# 0.04) and agree best on the MADLAD-shaped test model: quality first, the speed of larger blocks measured and
+# given up. Asymmetric (a 4-bit zero point a block: 2.5% more bytes) is 2-5% closer than symmetric, at no measured
+# cost in time.
 QUANTIZATION = {"op_type": "MatMulNBits", "bits": 4, "block_size": 32, "symmetric": False, "accuracy_level": 4,
                 "algorithm": "round to nearest"}
 QUANTIZER_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"  # it logs each node at INFO
