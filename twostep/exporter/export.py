@@ -6,9 +6,11 @@ decoder always, each variant wherever the model allows it (or as asked), its wei
 graphs (twostep.exporter.shared). A model past shared.EXTERNAL_DATA_BYTES keeps every graph's weights in one
 external data file, each tensor once.
 
-Tracing is most of an export's time and runs in Python, on one core: the graphs are built side by side, here
-and in worker processes (twostep.exporter.worker), as many in all as there are graphs, cores and memory for a
-copy of the model each (`jobs`), then validated here.
+Tracing is most of an export's time and runs in Python, on one core: the graphs are built side by side in
+worker processes (twostep.exporter.worker; a small model's, here too), as many as there are graphs, cores and
+memory (`jobs`: every process maps the checkpoint's one copy of the weights), while this process records the
+eager model's answers; the graphs are validated against that recording once the model is dropped (the weights
+are held once at a time: docs/artifact.md, "How a large model is exported within memory").
 """
 
 from __future__ import annotations
@@ -151,15 +153,18 @@ def default_jobs(graphs: int, parameter_bytes: int, largest_tensor: int) -> int:
     return max(1, min(jobs, int(room // own) - 1))
 
 
+# Bytes a weight of each precision takes, against float32's.
+WEIGHT_SHARE = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25, "int4": 0.125}
+
+
 def disk_needed(parameter_bytes: int, graphs: int, precision: str, jobs: int) -> int:
     """The disk an export takes at its most beside the output: each graph's weights in its own file until they are
-    stored once (a graph holds at most the model's weights; int8: a quarter, after its fp32 form, one a process at
-    a time), and the reference's answers for validation (about 1 GiB at a 3B model's size)."""
-    if precision == "int8":
-        return int(parameter_bytes * (jobs + graphs / 4)) + (1 << 30)
-    if precision == "fp16":
-        return int(parameter_bytes * (jobs + graphs / 2)) + (1 << 30)
-    return parameter_bytes * graphs + (1 << 30)
+    stored once (a graph holds at most the model's weights, in its precision; a graph converted from fp32 is in
+    fp32 first, one a process at a time), and the reference's answers for validation (about 1 GiB at a 3B
+    model's size)."""
+    share = WEIGHT_SHARE[precision]
+    converting = jobs if share < 1 else 0
+    return int(parameter_bytes * (converting + graphs * share)) + (1 << 30)
 
 
 def check_disk(out_dir: Path, needed: int) -> None:
@@ -185,7 +190,7 @@ def build_graphs(model: torch.nn.Module, ckpt_dir: Path, graphs: list[GraphInfo]
     worker's user error is raised here as the same error; a worker's crash as a RuntimeError carrying its
     traceback. Returns each graph's (fusions, quantization) and the recording."""
     order = sorted(graphs, key=lambda info: info.name != "decoder")  # the plain decoder takes longest
-    large = sum(p.numel() * p.element_size() for p in model.parameters()) > shared.EXTERNAL_DATA_BYTES
+    large = shared.parameter_bytes(model) > shared.EXTERNAL_DATA_BYTES
     if large:
         shares, here = [order[i::jobs] for i in range(jobs)], []
     else:
@@ -247,13 +252,13 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
     decoding = ckpt.decoding  # the checkpoint's decoding defaults, checked before the long export
     with_defaults(decoding, f"{ckpt_dir}: decoding")
     model = ckpt.model.eval()
-    config, task, tokenizer_spec = model.config, ckpt.task, ckpt.tokenizer
+    config, task, tokenizer = model.config, ckpt.task, ckpt.tokenizer
     onnx_dtype, precision = DTYPES[dtype]
     chosen = chosen_variants(config, precision, variants)
     chosen += [info for info in chosen_variants(config, precision, also) if info not in chosen]
     graphs = [GRAPHS[name] for name in CONTRACT] + chosen
     out_dir = Path(out_dir)
-    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    parameter_bytes = shared.parameter_bytes(model)
     largest = max(p.numel() * p.element_size() for p in model.parameters())
     jobs = default_jobs(len(graphs), parameter_bytes, largest) if jobs is None else max(1, jobs)
     check_disk(out_dir, disk_needed(parameter_bytes, len(graphs), precision, jobs))
@@ -276,7 +281,6 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
             for info in graphs:
                 if info.shares:
                     shared.share_weights(tmp / info.file, tmp / GRAPHS[info.shares].file)
-        tokenizer = tokenizer_spec
         for name in tokenizer.files() if tokenizer else []:
             shutil.copyfile(Path(ckpt_dir) / name, tmp / name)
         entries = {info.name: GraphEntry(info.name, info.file, info.spec(config, onnx_dtype), info.runtime,

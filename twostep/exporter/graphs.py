@@ -83,8 +83,7 @@ def trace(module: torch.nn.Module, inputs: tuple, shapes: tuple, spec: GraphSpec
         )
         fold_weight_transposes(onnx_program.model)
         onnx_program.optimize()
-        weights = sum(p.numel() * p.element_size() for p in module.parameters())
-        save_graph_ir(onnx_program.model, path, external=weights > shared.EXTERNAL_DATA_BYTES)
+        save_graph_ir(onnx_program.model, path, external=shared.parameter_bytes(module) > shared.EXTERNAL_DATA_BYTES)
 
 
 def fold_weight_transposes(model: ir.Model) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from twostep.artifact.trust import external_data_locations
-from twostep.exporter.shared import PAGE, SMALLEST, external_span, save_graph
+from twostep.exporter.shared import PAGE, SMALLEST, external_span, point_to, save_graph
 
 QUANTIZE_CHUNK = 16 << 20  # bytes of a weight's columns quantized at once (quantize_columns)
 QUANTIZATION = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": True, "reduce_range": True,
@@ -38,7 +38,7 @@ def quantize_int8(path: Path) -> dict:
     weights = {t.name: t for t in graph.initializer}
     data = path.with_name(path.name + ".int8.data")
     external = any(external_span(t) for t in weights.values())  # a large graph (shared.py): so is its output
-    nodes, added, shared, done = [], [], set(), set()
+    nodes, added, quantized, done = [], [], set(), set()
     with open(data, "wb") as out:
         for node in graph.node:
             weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -46,11 +46,12 @@ def quantize_int8(path: Path) -> dict:
                 nodes.append(node)
                 continue
             replacing, tensors = quantize_columns(node, read_array(path.parent, weight), path.parent)
-            nodes += [n for n in replacing if not (n.op_type == "DynamicQuantizeLinear" and n.input[0] in shared)]
-            shared.add(node.input[0])
+            nodes += [n for n in replacing if not (n.op_type == "DynamicQuantizeLinear" and n.input[0] in quantized)]
+            quantized.add(node.input[0])
             if weight.name not in done:  # a weight two products read is quantized once, as quantize_dynamic does
                 added += [append_external(t, out, data.name) if external else t for t in tensors]
                 done.add(weight.name)
+        written = out.tell()
     read = {name for node in nodes for name in node.input} | {v.name for v in graph.output}
     kept = [t for t in graph.initializer if t.name in read] + added
     del graph.node[:]
@@ -62,7 +63,7 @@ def quantize_int8(path: Path) -> dict:
     onnx.save(model, str(path))
     for name in stale:
         (path.parent / name).unlink(missing_ok=True)
-    if not added or all(external_span(t) is None for t in added):
+    if not written:  # a small graph's tensors stay inline
         data.unlink()
     return dict(QUANTIZATION)
 
@@ -73,12 +74,7 @@ def append_external(tensor: onnx.TensorProto, out, location: str) -> onnx.Tensor
         return tensor
     out.write(bytes(-out.tell() % PAGE))
     offset = out.tell()
-    out.write(tensor.raw_data)
-    tensor.ClearField("raw_data")
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in zip(("location", "offset", "length"), (location, str(offset), str(out.tell() - offset))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
+    point_to(tensor, location, offset, out.write(tensor.raw_data))
     return tensor
 
 
@@ -120,7 +116,6 @@ def quantize_product(node, weight: np.ndarray, directory: Path) -> tuple[list, l
     """quantize_dynamic's nodes and initializers for the one product `node` (X @ W, W = `weight`)."""
     import tempfile
 
-    import onnx
     from onnx import helper, numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -94,11 +94,7 @@ def share_weights(variant: Path, source: Path) -> int:
         span = spans.get(hashlib.sha256(raw).digest()) if len(raw) >= SMALLEST else None
         if span is None:
             continue
-        tensor.ClearField("raw_data")
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in zip(("location", "offset", "length"), (source.name, *map(str, span))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
+        point_to(tensor, source.name, *span)
         shared += 1
     onnx.save(model, str(variant))
     return shared
@@ -124,6 +120,22 @@ def save_graph(model: onnx.ModelProto, path: Path) -> None:
         onnx.save(model, str(path))
     for name in stale:
         (path.parent / name).unlink(missing_ok=True)
+
+
+def parameter_bytes(module) -> int:
+    """The bytes of a module's parameters: past EXTERNAL_DATA_BYTES its graphs keep their weights outside."""
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def point_to(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make `tensor` external data at `offset`, `length` bytes, of the file `location` (its bytes, if it held
+    them, dropped)."""
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
 
 
 def external_span(tensor: onnx.TensorProto) -> tuple[str, int, int] | None:
@@ -184,12 +196,7 @@ def store_once(graphs: list[Path]) -> int:
                         out.truncate(start)
                     else:
                         offsets[key] = (start, length)
-                    tensor.ClearField("raw_data")
-                    del tensor.external_data[:]
-                    tensor.data_location = onnx.TensorProto.EXTERNAL
-                    for k, value in zip(("location", "offset", "length"), (WEIGHTS, *map(str, offsets[key]))):
-                        entry = tensor.external_data.add()
-                        entry.key, entry.value = k, value
+                    point_to(tensor, WEIGHTS, *offsets[key])
             finally:
                 for source in sources.values():
                     source.close()

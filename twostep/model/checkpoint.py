@@ -82,11 +82,10 @@ def canonical_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     told by identity, not by address: a model assembled on the meta device has every address 0."""
     seen: set[int] = set()
     out = {}
-    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    for name, tensor in model.state_dict(keep_vars=True).items():
+    for name, tensor in model.state_dict(keep_vars=True).items():  # the parameters themselves: ties are one object
         if id(tensor) not in seen:
             seen.add(id(tensor))
-            out[name] = tensors.get(id(tensor), tensor).detach()
+            out[name] = tensor.detach()
     return out
 
 
