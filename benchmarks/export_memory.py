@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import subprocess
 import sys
@@ -34,7 +33,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.export_time import commands, output_bytes, parameter_count
+from benchmarks.marian import cpu_model, twostep_cli
 from benchmarks.memory import GIB, measure
+from twostep.exporter.export import memory_budget
 
 ENGINES = ("twostep-fp32", "twostep-int8", "ct2-fp32", "ct2-int8", "optimum")
 
@@ -105,39 +107,6 @@ def write_nllb_tokenizer(path: Path, rows: int) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def parameter_bytes(hf: Path) -> int:
-    from safetensors import safe_open
-
-    total = 0
-    for file in sorted(hf.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as f:
-            for key in f.keys():
-                piece = f.get_slice(key)
-                count = 1
-                for dim in piece.get_shape():
-                    count *= dim
-                total += count * 4  # float32
-    return total
-
-
-def output_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
-
-
-def twostep(*args) -> list[str]:
-    return [sys.executable, "-m", "twostep.cli", *map(str, args)]
-
-
-def commands(engine: str, hf: Path, ckpt: Path, out: Path, optimum_python: str | None) -> list[str]:
-    if engine.startswith("twostep"):
-        return twostep("export", ckpt, "--out", out, "--dtype", engine.split("-")[1], "--force")
-    if engine.startswith("ct2"):
-        converter = Path(sys.executable).with_name("ct2-transformers-converter")
-        quantization = ["--quantization", "int8"] if engine == "ct2-int8" else []
-        return [str(converter), "--model", str(hf), "--output_dir", str(out), *quantization, "--force"]
-    return [optimum_python, "-m", "benchmarks.marian", "--optimum-export", str(hf), str(out)]
-
-
 def run(name: str, command: list[str], out: Path | None, work: Path, log) -> dict:
     log(f"{name}: {' '.join(command)}")
     with open(work / f"{name}.log", "w") as sink:
@@ -145,13 +114,6 @@ def run(name: str, command: list[str], out: Path | None, work: Path, log) -> dic
     log(f"{name}: {peak.describe()}")
     return {"pss": peak.pss, "rss": peak.rss, "seconds": peak.seconds, "returncode": peak.returncode,
             "processes": peak.processes, "bytes": output_bytes(out) if out else None}
-
-
-def cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def report(result: dict) -> str:
@@ -186,21 +148,21 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
-    hf = build(shape, work / "hf")
-    params = parameter_bytes(hf)
-    ckpt = work / "ckpt"
-    rows = {"twostep import": run("twostep-import", twostep("import", hf, "--out", ckpt, "--force"), None, work, log)}
+    paths = {"hf": build(shape, work / "hf"), "ckpt": work / "ckpt"} | {engine: work / engine for engine in engines}
+    params = 4 * parameter_count(paths["hf"])
+    importing = twostep_cli("import", paths["hf"], "--out", paths["ckpt"], "--force")
+    rows = {"twostep import": run("twostep-import", importing, None, work, log)}
     for engine in engines:
         if engine == "optimum" and not args.optimum_python:
             log("optimum: no --optimum-python, skipped")
             continue
-        out = work / engine
+        out = paths[engine]
         shutil.rmtree(out, ignore_errors=True)
-        rows[engine] = run(engine, commands(engine, hf, ckpt, out, args.optimum_python), out, work, log)
+        rows[engine] = run(engine, commands(engine, paths, args.optimum_python)[0], out, work, log)
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
-    result = {"shape": shape.name, "parameter_bytes": params, "budget": int(1.3 * params) + (3 << 29),
-              "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    result = {"shape": shape.name, "parameter_bytes": params, "budget": memory_budget(params), "cpu": cpu_model(),
+              "date": time.strftime("%Y-%m-%d"), "rows": rows}
     text = report(result)
     print(text)
     if args.json:
