@@ -147,3 +147,21 @@ def test_no_inplace_cache_writes_the_plain_graphs_only(tiny_ckpt, tmp_path):
     assert twostep("export", tiny_ckpt, "--out", tmp_path / "art", "--no-inplace-cache", "--jobs", "1").returncode == 0
     assert load_artifact(tmp_path / "art").variants == {}
     assert not (tmp_path / "art" / "decoder_inplace.onnx").exists()
+
+
+def test_an_export_the_disk_cannot_hold_is_refused_before_anything_is_written(tiny_ckpt, tmp_path, monkeypatch):
+    """The disk the export will take (export.disk_needed) against what the disk has free, checked before the
+    output directory exists. The need is made larger than any disk by the share of a weight's bytes."""
+    import shutil
+
+    from cli_helpers import leftovers
+    from twostep.errors import BadInput
+    from twostep.exporter import export as exporting
+
+    out = tmp_path / "out" / "art"
+    out.parent.mkdir()
+    monkeypatch.setitem(exporting.WEIGHT_SHARE, "fp32", shutil.disk_usage(tmp_path).free)
+    with pytest.raises(BadInput, match=r"not enough disk space for the artifact at .*art: the export needs about "
+                                       r"[0-9.]+ GB there while it runs, [0-9.]+ GB are free"):
+        exporting.export(tiny_ckpt, out, jobs=1)
+    assert list(out.parent.iterdir()) == [] and leftovers(out.parent) == []

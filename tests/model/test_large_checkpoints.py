@@ -84,9 +84,17 @@ def cut_a_shard(path):
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
 
+def name_a_tensor_no_shard_has(path):
+    index = path / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"]["model.encoder.layers.99.fc1.weight"] = second_shard(path).name
+    index.write_text(json.dumps(data))
+
+
 @pytest.mark.parametrize("edit, fragments", [
     (lose_a_shard, ["model-00002-of-", "missing", "model.safetensors.index.json"]),
     (cut_a_shard, ["model-00002-of-", "cannot read safetensors"]),
+    (name_a_tensor_no_shard_has, ["names 1 tensor(s) its shards lack", "layers.99.fc1.weight"]),
 ])
 def test_a_shard_missing_or_cut_short_is_one_line_and_nothing_is_written(marian_hf, tmp_path, edit, fragments):
     sharded = saved_as(marian_hf, tmp_path / "sharded", shard_size="40KB")
