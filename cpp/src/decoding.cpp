@@ -149,8 +149,8 @@ void block_early_eos(float* row, int t, int min_new_tokens, int64_t eos_id) {
 // transformers' NoRepeatNGramLogitsProcessor (Python: kernels.repeated_ngrams): the ids that would complete an
 // n-gram that [start_id, tokens...] already holds, one whose first n - 1 ids are its last n - 1 (0: none).
 Ids repeated_ngrams(int64_t start_id, const Ids& tokens, int n) {
+  if (n < 1) return {};
   Ids seq(1, start_id), out;
-  if (n < 1) return out;
   seq.insert(seq.end(), tokens.begin(), tokens.end());
   const int64_t length = static_cast<int64_t>(seq.size());
   for (int64_t w = 0; w + n <= length; ++w)  // the n-gram seq[w, w + n)
@@ -299,7 +299,8 @@ std::vector<Ids> greedy(StepSession& session, const std::vector<Ids>& sources, c
         if (forced_id >= 0) force(row, vocab, forced_id);
         ban(row, banned);
         block_early_eos(row, t, min_new_tokens, s.eos_id);
-        if (forced_id < 0) ban(row, repeated_ngrams(s.start_id, out[b], no_repeat_ngram_size));
+        if (no_repeat_ngram_size > 0 && forced_id < 0)  // off: not a vector a row a step
+          ban(row, repeated_ngrams(s.start_id, out[b], no_repeat_ngram_size));
         best = argmax(row, vocab);
       }
       tokens[b] = best;

@@ -287,10 +287,15 @@ def test_transformers_early_stopping_rules(outputs):
     assert runs["transformers_early"][0][0][0] == [4] and runs["transformers_early"][1] == 2, runs
     assert runs["transformers"][0][0][0] == [4, 5] and runs["transformers"][1] == 3, runs
     assert runs["transformers_never"][0] == runs["transformers"][0] and runs["transformers_never"][1] == 5, runs
-    # length_penalty 0: the current length and the limit score alike
-    flat = DecodeOptions(beam_size=2, length_penalty=0.0, beam_stop="transformers_never")
-    assert scripted_beam(script, flat, 10, outputs) == \
-        scripted_beam(script, DecodeOptions(beam_size=2, length_penalty=0.0, beam_stop="transformers"), 10, outputs)
+    # length_penalty 0: the current length and the limit score alike; below 0 transformers scores the best live one
+    # at its current length, where it scores best
+    for penalty in (0.0, -1.0):
+        flat = DecodeOptions(beam_size=2, length_penalty=penalty, beam_stop="transformers_never")
+        assert scripted_beam(script, flat, 10, outputs) == scripted_beam(
+            script, DecodeOptions(beam_size=2, length_penalty=penalty, beam_stop="transformers"), 10, outputs)
+    # early_stopping true at the limit: a sentence that fills up at that step still takes its live beams, [4, 5]
+    at_limit = scripted_beam(script, DecodeOptions(beam_size=2, beam_stop="transformers_early"), 2, outputs)
+    assert at_limit[0][0][0] == [4, 5], at_limit
 
 
 def test_no_repeat_ngram_size_bans_repeats_of_the_start_token_and_tokens_but_not_a_forced_one():
@@ -320,6 +325,7 @@ def test_no_repeat_ngram_size_bans_repeats_of_the_start_token_and_tokens_but_not
         out = decode(ScriptedSession(6, cycle, 1), [[9]], options, specials=SPECIALS, max_new_tokens=6)
         assert out[0][0].tokens == [4, 5, 4]
     # the bans need the full logits: a session with search outputs gives the same
-    options = DecodeOptions(beam_size=2, no_repeat_ngram_size=2, beam_stop="transformers")
-    assert decode(ScriptedSession(6, cycle, 1, search_width=4), [[9]], options, specials=SPECIALS,
-                  max_new_tokens=6)[0][0].tokens == [4, 5, 4]
+    for beam in (1, 2):
+        options = DecodeOptions(beam_size=beam, no_repeat_ngram_size=2, beam_stop="transformers")
+        assert decode(ScriptedSession(6, cycle, 1, search_width=4), [[9]], options, specials=SPECIALS,
+                      max_new_tokens=6)[0][0].tokens == [4, 5, 4]

@@ -110,8 +110,9 @@ class Group:
         if not self.ngram:
             return None
         start = np.full((len(tokens), 1), self.specials.bos_id, np.int64)
+        used = tokens[:, : int(self.steps.max(initial=0))]  # not the columns no sentence has reached
         lengths = np.repeat(np.where(self.steps >= self.forced, self.steps + 1, 0), self.k)
-        return repeated_ngrams(np.concatenate([start, tokens], axis=1), lengths, self.ngram)
+        return repeated_ngrams(np.concatenate([start, used], axis=1), lengths, self.ngram)
 
     def block_early_eos(self, logits: np.ndarray) -> None:
         """eos out of the early sentences' rows of the group's logits (in place, before any softmax)."""
@@ -246,7 +247,7 @@ class Beam(Group):
         self.scores = np.zeros((0, self.k))  # each beam's log-probability; -inf: not alive
         self.history = np.zeros((0, 0), np.int64)  # each row's tokens, steps[j] of them
         self.finished: list[list[Hypothesis]] = []
-        self.worst = np.zeros(0)  # the score of finished[j][-1] once it holds n_best
+        self.worst = np.zeros(0)  # the score of finished[j][-1] once it holds pool of them
         self.scratch = None
         self.helper: ThreadPoolExecutor | None = None
         self.powers: dict[int, float] = {}
@@ -335,7 +336,7 @@ class Beam(Group):
         for j in np.flatnonzero(ending.any(axis=1)):
             self.keep_best(j)
         if self.hf_early:  # at its limit a full sentence still takes its live beams (transformers' max_length)
-            full = np.array([len(f) >= self.pool for f in self.finished], bool)
+            full = self.worst > -np.inf  # it holds pool finished hypotheses
             ends = ~kept.any(axis=1) | (full & (length < self.limits))
         else:  # the best live hypothesis, normalised where it would score best, cannot beat the worst finished one
             best_at = self.limits if self.hf_never else length
