@@ -76,6 +76,7 @@ def requantize(fp32: Path, out: Path, **settings) -> Path:
     from twostep.artifact import load_artifact, write_manifest
     from twostep.artifact.spec import GRAPHS
     from twostep.exporter import shared
+    from twostep.exporter.export import store_weights
     from twostep.exporter.int4 import quantize_int4
 
     manifest = load_artifact(fp32).manifest
@@ -87,12 +88,7 @@ def requantize(fp32: Path, out: Path, **settings) -> Path:
     for info in graphs:
         shared.save_graph(onnx.load(str(fp32 / info.file)), tmp / info.file)  # its weights in the file, or its own
         quantization = quantize_int4(tmp / info.file, **settings)
-    if (fp32 / shared.WEIGHTS).is_file():
-        shared.store_once([tmp / info.file for info in graphs])
-    else:
-        for info in graphs:
-            if info.shares:
-                shared.share_weights(tmp / info.file, tmp / GRAPHS[info.shares].file)
+    store_weights(tmp, graphs, once=(fp32 / shared.WEIGHTS).is_file())
     for name in manifest.tokenizer.files() if manifest.tokenizer else []:
         shutil.copyfile(fp32 / name, tmp / name)
     write_manifest(tmp, manifest.replace(precision="int4", quantization=quantization, validation=None))
