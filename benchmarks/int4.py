@@ -48,29 +48,18 @@ import itertools
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from benchmarks.marian import Worker, cpu_model, load_average, twostep_cli, versions
-from benchmarks.t5 import (
-    EXTRA_IDS,
-    SMOKE,
-    Size,
-    build_hf_model,
-    canonical,
-    make_sentences,
-    memory_bandwidth,
-    step_weight_bytes,
-    timed,
-)
+from benchmarks import t5
+from benchmarks.marian import Worker, cpu_model, load_average, versions
+from benchmarks.t5 import EXTRA_IDS, SMOKE, Size, make_sentences, memory_bandwidth, step_weight_bytes
 from twostep.exporter.int4 import QUANTIZATION
 
 ENGINES = ("twostep-fp32", "twostep-int8", "twostep-int4", "ct2-int8")
-DTYPE = {"twostep-fp32": "fp32", "twostep-int8": "int8", "twostep-int4": "int4", "ct2-int8": "int8"}
 SMALL = Size("small", 32000, 32000 - EXTRA_IDS, 512, 64, 8, 6, 2048)  # the default: minutes on 2 cores
 MADLAD_3B = Size("madlad-400-3b", 256000, 256000 - EXTRA_IDS, 1024, 128, 16, 32, 8192)
 SWEEP = {f"twostep-int4-b{block}-{'sym' if symmetric else 'asym'}-a{level}":
@@ -87,6 +76,7 @@ def requantize(fp32: Path, out: Path, **settings) -> Path:
     from twostep.artifact import load_artifact, write_manifest
     from twostep.artifact.spec import GRAPHS
     from twostep.exporter import shared
+    from twostep.exporter.export import store_weights
     from twostep.exporter.int4 import quantize_int4
 
     manifest = load_artifact(fp32).manifest
@@ -98,12 +88,7 @@ def requantize(fp32: Path, out: Path, **settings) -> Path:
     for info in graphs:
         shared.save_graph(onnx.load(str(fp32 / info.file)), tmp / info.file)  # its weights in the file, or its own
         quantization = quantize_int4(tmp / info.file, **settings)
-    if (fp32 / shared.WEIGHTS).is_file():
-        shared.store_once([tmp / info.file for info in graphs])
-    else:
-        for info in graphs:
-            if info.shares:
-                shared.share_weights(tmp / info.file, tmp / GRAPHS[info.shares].file)
+    store_weights(tmp, graphs, once=(fp32 / shared.WEIGHTS).is_file())
     for name in manifest.tokenizer.files() if manifest.tokenizer else []:
         shutil.copyfile(fp32 / name, tmp / name)
     write_manifest(tmp, manifest.replace(precision="int4", quantization=quantization, validation=None))
@@ -113,32 +98,17 @@ def requantize(fp32: Path, out: Path, **settings) -> Path:
 
 
 def prepare(work: Path, size: Size, engines: list[str], log) -> tuple[dict[str, Path], dict[str, dict]]:
-    """Build (or reuse) the model, its artifacts and conversions under work: (paths, seconds each build took)."""
-    paths = {"hf": work / "hf", "ckpt": work / "twostep-ckpt", **{e: work / e for e in engines}}
-    logs = work / "logs"
-    seconds: dict[str, dict] = {}
-    if not (paths["hf"] / "config.json").is_file():
-        log(f"building the random {size.name} model in {paths['hf']}")
-        build_hf_model(paths["hf"], size)
-
-    def build(key: str, cmd: list) -> None:
-        log(f"{key}: {' '.join(map(str, cmd[2:5]))} ...")
-        seconds[key] = {"seconds": timed(cmd, logs / f"{key}.log"), "load_after": load_average()}
-        log(f"{key}: {seconds[key]['seconds']:.1f} s")
-
-    if not (paths["ckpt"] / "model.safetensors").is_file():
-        build("twostep-import", twostep_cli("import", paths["hf"], "--out", paths["ckpt"], "--force"))
-    for e in engines:
-        stale = e == "twostep-int4" and (paths[e] / "manifest.json").is_file() and quantization_of(paths[e]) != (
-            QUANTIZATION)  # exported by a twostep of other settings
-        if e in DTYPE and e.startswith("twostep") and (stale or not (paths[e] / "manifest.json").is_file()):
-            build(e, twostep_cli("export", paths["ckpt"], "--out", paths[e], "--dtype", DTYPE[e], "--force"))
-    if "ct2-int8" in engines and not (paths["ct2-int8"] / "model.bin").is_file():
-        build("ct2-int8", [sys.executable, "-m", "benchmarks.t5", "--ct2-convert", paths["hf"], paths["ct2-int8"],
-                           "int8"])
-    for e in engines:
-        if e not in DTYPE and (not (paths[e] / "manifest.json").is_file()
-                               or quantization_of(paths[e]) != {**QUANTIZATION, **SWEEP[e]}):
+    """Build (or reuse) the model, its artifacts and conversions under work, as benchmarks/t5.py's prepare does, then
+    the sweep's requantized artifacts: (paths, each build's seconds and load average)."""
+    int4 = work / "twostep-int4"
+    stale = (int4 / "manifest.json").is_file() and quantization_of(int4) != QUANTIZATION  # other settings' export
+    paths, errors, seconds = t5.prepare(work, size, [e for e in engines if e in ENGINES], None, None, log,
+                                        rebuild=("twostep-int4",) if stale and "twostep-int4" in engines else ())
+    if errors:
+        raise RuntimeError("; ".join(f"{e}: {why}" for e, why in errors.items()))
+    for e in [e for e in engines if e in SWEEP]:
+        paths[e] = work / e
+        if not (paths[e] / "manifest.json").is_file() or quantization_of(paths[e]) != {**QUANTIZATION, **SWEEP[e]}:
             log(f"{e}: requantizing the fp32 artifact")
             started = time.perf_counter()
             requantize(paths["twostep-fp32"], paths[e], **SWEEP[e])
@@ -155,40 +125,19 @@ def floor_bytes(engine: str, path: Path, size: Size) -> int:
     return step_weight_bytes(size, "int8")["bytes"]
 
 
-def measure(workers: dict[str, Worker], sentences: list[list[int]], iters: int, new_tokens: int, size: Size,
-            log) -> dict:
-    """Each engine's ms per token of every sentence of every round, and its tokens (the last round's; a padding
-    row's id as CTranslate2 gives it, benchmarks/t5.py's canonical)."""
-    names = list(workers)
-    batches = [[s] for s in sentences]
-    per_token: dict[str, list[float]] = {e: [] for e in names}
-    tokens: dict[str, list[list[int]]] = {}
-    log("warm-up")
-    for e in names:
-        workers[e].call({"batches": batches[:1], "beam": 1})
-    for r in range(iters):
-        order = names[r % len(names):] + names[: r % len(names)]
-        log(f"round {r + 1}/{iters}")
-        for e in order:
-            reply = workers[e].call({"batches": batches, "beam": 1})
-            per_token[e] += [1000 * s / new_tokens for s in reply["seconds"]]
-            tokens[e] = canonical(reply["tokens"], size)
-            time.sleep(0.2)  # ONNX Runtime's and OpenMP's pools spin a while after a run
-    return {e: {"ms_per_token": per_token[e], "tokens": tokens[e]} for e in names}
-
-
 def rows_of(measured: dict, paths: dict[str, Path], size: Size, bandwidth: dict, new_tokens: int) -> list[dict]:
-    reference = measured.get("twostep-fp32", {}).get("tokens")
+    """Each engine's row of benchmarks/t5.py's measure (one sentence a batch) as ms per token against its floor."""
     rows = []
-    for e, m in measured.items():
+    for (e, _), m in measured.items():
         step_bytes = floor_bytes(e, paths[e], size)
         floor_ms = 1000 * step_bytes / bandwidth["bytes_per_s"]
-        median = statistics.median(m["ms_per_token"])
-        rows.append({"engine": e, "ms_per_token": median, "min_ms_per_token": min(m["ms_per_token"]),
-                     "max_ms_per_token": max(m["ms_per_token"]), "step_bytes": step_bytes, "floor_ms": floor_ms,
-                     "times_floor": median / floor_ms, "sentences": len(m["tokens"]),
-                     "all_lengths_equal_new_tokens": all(len(t) == new_tokens for t in m["tokens"]),
-                     "same_as_fp32": None if reference is None else sum(a == b for a, b in zip(m["tokens"], reference)),
+        median = m["median_batch_ms"] / new_tokens
+        same = {e: m["sentences"], **m["same_as"]}
+        rows.append({"engine": e, "ms_per_token": median, "min_ms_per_token": m["min_batch_ms"] / new_tokens,
+                     "max_ms_per_token": m["max_batch_ms"] / new_tokens, "step_bytes": step_bytes,
+                     "floor_ms": floor_ms, "times_floor": median / floor_ms, "sentences": m["sentences"],
+                     "all_lengths_equal_new_tokens": m["all_lengths_equal_new_tokens"],
+                     "same_as_fp32": same.get("twostep-fp32"),
                      "quantization": quantization_of(paths[e]) if e.startswith("twostep") else None})
     return rows
 
@@ -283,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"loading {e}")
             spec = {**common, "kind": e.split("-")[0], "path": str(paths[e])}
             workers[e] = Worker(e, sys.executable, spec, work / "logs" / f"{e}-worker.log", module="benchmarks.t5")
-        measured = measure(workers, sentences, iters, new_tokens, size, log)
+        measured = t5.measure(workers, sentences, [t5.Workload("greedy-b1", "greedy batch 1", 1, 1, n)], iters,
+                              new_tokens, size, None, log)
     finally:
         for worker in workers.values():
             worker.close()

@@ -275,8 +275,8 @@ def prepare(work: Path, size: Size, engines: list[str], optimum_python: str | No
     and the load average before and after). `rebuild`: steps whose outputs are removed first, so built and timed
     again."""
     paths = {"hf": work / "hf", "ckpt": work / "twostep-ckpt", "twostep-fp32": work / "twostep-fp32",
-             "twostep-int8": work / "twostep-int8", "ct2-fp32": work / "ct2-fp32", "ct2-int8": work / "ct2-int8",
-             "optimum": work / "optimum-onnx"}
+             "twostep-int8": work / "twostep-int8", "twostep-int4": work / "twostep-int4",
+             "ct2-fp32": work / "ct2-fp32", "ct2-int8": work / "ct2-int8", "optimum": work / "optimum-onnx"}
     errors: dict[str, str] = {}
     times_file = work / "export_times.json"
     times: dict[str, dict] = json.loads(times_file.read_text()) if times_file.is_file() else {}
@@ -304,7 +304,7 @@ def prepare(work: Path, size: Size, engines: list[str], optimum_python: str | No
                 log("twostep import")
                 save_time("twostep-import", lambda: timed(twostep_cli("import", paths["hf"], "--out", paths["ckpt"],
                                                                       "--force"), logs / "twostep-import.log"))
-            for dtype in ("fp32", "int8"):
+            for dtype in ("fp32", "int8", "int4"):  # int4: benchmarks/int4.py's
                 key = f"twostep-{dtype}"
                 if key in engines and not (paths[key] / "manifest.json").is_file():
                     log(f"twostep export --dtype {dtype}")

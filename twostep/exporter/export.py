@@ -123,6 +123,17 @@ def build_graph(model: torch.nn.Module, name: str, path: Path, opset: int, optim
     return fusions, quantization
 
 
+def store_weights(directory: Path, graphs: list[GraphInfo], once: bool) -> None:
+    """Each weight of the graphs in `directory` stored once: all of them in shared.WEIGHTS (`once`: a large model),
+    else a variant's in the graph it shares them with."""
+    if once:
+        shared.store_once([directory / info.file for info in graphs])
+        return
+    for info in graphs:
+        if info.shares:
+            shared.share_weights(directory / info.file, directory / GRAPHS[info.shares].file)
+
+
 def available_memory() -> int | None:
     try:
         with open("/proc/meminfo") as f:
@@ -274,13 +285,10 @@ def export(ckpt_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET, dtype: str
         gc.collect()
         fusions = {info.name: f for info, (f, _) in zip(graphs, built) if f is not None}
         quantization = built[-1][1]
-        if parameter_bytes > shared.EXTERNAL_DATA_BYTES:
+        once = parameter_bytes > shared.EXTERNAL_DATA_BYTES
+        if once:
             log(f"storing the weights once, in {shared.WEIGHTS}")
-            shared.store_once([tmp / info.file for info in graphs])
-        else:
-            for info in graphs:
-                if info.shares:
-                    shared.share_weights(tmp / info.file, tmp / GRAPHS[info.shares].file)
+        store_weights(tmp, graphs, once)
         for name in tokenizer.files() if tokenizer else []:
             shutil.copyfile(Path(ckpt_dir) / name, tmp / name)
         entries = {info.name: GraphEntry(info.name, info.file, info.spec(config, onnx_dtype), info.runtime,

@@ -79,6 +79,17 @@ class ParityReport:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "cases": self.cases, "max_error": self.max_error, "failures": self.failures}
 
+    def check(self, case: str, key: str, have: np.ndarray, want: np.ndarray,
+              tolerance: tuple[float, float] | None) -> None:
+        """One output against the reference's: its max error kept under `key`; a failure where it is not finite
+        or, given a tolerance (atol, rtol), beyond it (tolerance_failure)."""
+        err = float(np.abs(have - want).max()) if want.size else 0.0
+        self.max_error[key] = max(self.max_error.get(key, 0.0), err)
+        if not np.isfinite(have).all():
+            self.failures.append(f"{case}: {key} has NaN or infinite values")
+        elif tolerance is not None and (failure := tolerance_failure(have, want, tolerance)):
+            self.failures.append(f"{case}: {key} {failure}")
+
 
 def row_scale(reference: np.ndarray) -> np.ndarray:
     """max(1, the root mean square of each row of `reference`, its last axis), that axis kept as 1: (..., 1).
@@ -90,7 +101,7 @@ def row_scale(reference: np.ndarray) -> np.ndarray:
     refuses correct graphs whose rows are large (transformers' T5 init gives logit rows of rms sqrt(d_model)): the
     absolute tolerance is per unit of the row's rms. It is the reference's rms, so that a wrong candidate cannot
     widen its own tolerance, and it is never below 1, so that rows of unit scale or less keep the fixed atol."""
-    reference = reference.astype(np.float64)
+    reference = reference.astype(np.float64, copy=False)
     if reference.shape[-1] == 0:
         return np.ones((*reference.shape[:-1], 1))
     return np.maximum(1.0, np.sqrt(np.mean(np.square(reference), axis=-1, keepdims=True)))
@@ -212,13 +223,7 @@ def compare_graphs(candidate: Backend, reference: Backend, precision: str = "fp3
             if have.shape != want.shape:
                 report.failures.append(f"{case}: {key} has shape {have.shape}, expected {want.shape}")
                 continue
-            err = float(np.abs(have - want).max()) if want.size else 0.0
-            report.max_error[key] = max(report.max_error.get(key, 0.0), err)
-            if not np.isfinite(have).all():
-                report.failures.append(f"{case}: {key} has NaN or infinite values")
-            elif tolerances is not None and (
-                    failure := tolerance_failure(have, want, tolerances["logits" if name == "logits" else "kv"])):
-                report.failures.append(f"{case}: {key} {failure}")
+            report.check(case, key, have, want, tolerances and tolerances["logits" if name == "logits" else "kv"])
     return report
 
 
@@ -287,12 +292,7 @@ def compare_sessions(candidate: Backend, reference: Backend, precision: str = "f
                 report.failures += search_failures(f"{case}_p{position + new}", candidate.decoder, results, want,
                                                    tolerances)
             position += new
-            err = float(np.abs(have - want).max())
-            report.max_error[key] = max(report.max_error.get(key, 0.0), err)
-            if not np.isfinite(have).all():
-                report.failures.append(f"{case}_p{position}: {key} has NaN or infinite values")
-            elif tolerances is not None and (failure := tolerance_failure(have, want, tolerances["logits"])):
-                report.failures.append(f"{case}_p{position}: {key} {failure}")
+            report.check(f"{case}_p{position}", key, have, want, tolerances and tolerances["logits"])
             if step == 5:  # beams trade places within the batch
                 origin = rng.integers(0, rows, rows)
                 for s in sessions:
