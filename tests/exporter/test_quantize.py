@@ -57,33 +57,51 @@ def test_int8_export_quantizes_the_tied_generator(demo_int8):
     assert readers <= {"Gather"}, f"an fp32 {table} table is read by {readers}"
 
 
-@pytest.mark.parametrize("chunk", [64 << 20, 4096])
-def test_weight_by_weight_quantization_computes_what_quantize_dynamic_computes(demo_artifact, tmp_path, chunk,
-                                                                              monkeypatch):
-    """quantize_int8 quantizes one weight at a time (and, past QUANTIZE_CHUNK bytes, a few columns at a time);
-    the graph it writes gives, bit for bit, the outputs of ONNX Runtime's quantize_dynamic run on the whole
-    graph with the same settings (the int8 numerics before)."""
-    import shutil
-
-    from twostep.exporter import quantize
-
-    monkeypatch.setattr(quantize, "QUANTIZE_CHUNK", chunk)
-
-    import onnxruntime as ort
+def whole_graph_int8(graph, out):
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from twostep.exporter.quantize import QUANTIZATION, quantize_int8
+    from twostep.exporter.quantize import QUANTIZATION as q
 
+    quantize_dynamic(graph, out, op_types_to_quantize=q["op_types"], weight_type=QuantType.QInt8,
+                     per_channel=q["per_channel"], reduce_range=q["reduce_range"],
+                     extra_options={"MatMulConstBOnly": q["matmul_const_b_only"]})
+
+
+def whole_graph_int4(graph, out):
+    from twostep.exporter.int4 import QUANTIZATION as q
+    from twostep.exporter.int4 import nbits_quantizer
+
+    quantizer = nbits_quantizer()(onnx.load(str(graph)), bits=q["bits"], block_size=q["block_size"],
+                                  is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"],
+                                  op_types_to_quantize=("MatMul",))
+    quantizer.process()
+    onnx.save(quantizer.model.model, str(out))
+
+
+@pytest.mark.parametrize("chunk", [64 << 20, 4096])
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_weight_by_weight_quantization_computes_what_the_whole_graph_quantizer_computes(demo_artifact, tmp_path,
+                                                                                        dtype, chunk, monkeypatch):
+    """quantize_int8 and quantize_int4 quantize one weight at a time (and, past QUANTIZE_CHUNK bytes, a few
+    columns at a time); the graph each writes gives, bit for bit, the outputs of ONNX Runtime's quantizer run on
+    the whole graph with the same settings (quantize_dynamic; MatMulNBitsQuantizer)."""
+    import shutil
+
+    import onnxruntime as ort
+
+    from twostep.exporter import quantize
+    from twostep.exporter.int4 import quantize_int4
+
+    monkeypatch.setattr(quantize, "QUANTIZE_CHUNK", chunk)
+    ours_of, whole, op = {"int8": (quantize.quantize_int8, whole_graph_int8, "MatMulInteger"),
+                          "int4": (quantize_int4, whole_graph_int4, "MatMulNBits")}[dtype]
     for graph in ("encoder", "decoder"):
         ours, theirs = tmp_path / f"{graph}.onnx", tmp_path / f"{graph}.whole.onnx"
         shutil.copyfile(demo_artifact / f"{graph}.onnx", ours)
-        q = QUANTIZATION
-        quantize_dynamic(ours, theirs, op_types_to_quantize=q["op_types"], weight_type=QuantType.QInt8,
-                         per_channel=q["per_channel"], reduce_range=q["reduce_range"],
-                         extra_options={"MatMulConstBOnly": q["matmul_const_b_only"]})
-        quantize_int8(ours)
-        assert sum(n.op_type == "MatMulInteger" for n in onnx.load(str(ours)).graph.node) == \
-            sum(n.op_type == "MatMulInteger" for n in onnx.load(str(theirs)).graph.node) > 0
+        whole(ours, theirs)
+        ours_of(ours)
+        assert sum(n.op_type == op for n in onnx.load(str(ours)).graph.node) == \
+            sum(n.op_type == op for n in onnx.load(str(theirs)).graph.node) > 0
         sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (ours, theirs)]
         rng = np.random.default_rng(0)
         feeds = {}

@@ -22,7 +22,6 @@ import logging
 from pathlib import Path
 
 from twostep.errors import BadInput
-from twostep.exporter.shared import save_graph
 
 # Chosen by measurement (benchmarks/int4.py; docs/benchmarks.md, "int4"), at MADLAD-400's layer shape (d_model
 # 1024, d_ff 8192, 4+4 layers; greedy batch 1, one thread): accuracy level 4 decodes 1.8 times as fast as 1 (fp32
@@ -38,30 +37,47 @@ QUANTIZER_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"  # it logs 
 
 def quantize_int4(path: Path, block_size: int | None = None, symmetric: bool | None = None,
                   accuracy_level: int | None = None) -> dict:
-    """Quantize the graph at `path` to MatMulNBits, replacing it; returns the settings, for the manifest. They
-    default to QUANTIZATION's (others: benchmarks/int4.py's sweep)."""
+    """Quantize the graph at `path` to MatMulNBits in place, weight by weight; returns the settings, for the
+    manifest. They default to QUANTIZATION's (others: benchmarks/int4.py's sweep).
+
+    Each 2-D weight of a MatMul is quantized by ONNX Runtime's MatMulNBitsQuantizer itself as a one-node model
+    (twostep.exporter.quantize.quantize_weights, as int8 is), a few columns at a time: its blocks run along a
+    column, so the pieces joined are the whole's, and memory holds one weight at a time, not the whole graph
+    the quantizer would load. A weight it would leave fp32 is refused before anything is quantized."""
     import onnx
+
+    from twostep.exporter.quantize import quantize_weights
 
     q = dict(QUANTIZATION)
     q.update({k: v for k, v in (("block_size", block_size), ("symmetric", symmetric),
                                 ("accuracy_level", accuracy_level)) if v is not None})
-    quantizer = nbits_quantizer()(onnx.load(str(path)), bits=q["bits"], block_size=q["block_size"],
-                                  is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None,
-                                  op_types_to_quantize=("MatMul",))
-    logger = logging.getLogger(QUANTIZER_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        quantizer.process()
-    finally:
-        logger.setLevel(level)
-    model = quantizer.model.model
-    left = fp32_weights(model)
+    structure = onnx.load(str(path), load_external_data=False)
+    takes = {t.name for t in structure.graph.initializer
+             if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+    left = [name for name in fp32_weights(structure) if name not in takes]
+    del structure
     if left:
         raise BadInput(f"--dtype int4 cannot quantize {len(left)} weight matri{'x' if len(left) == 1 else 'ces'} of "
                        f"{path.name} ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): ONNX Runtime's "
                        "MatMulNBits takes 2-D constant weights only; export with --dtype int8 or fp32")
-    save_graph(model, path)
+
+    def product(node, weight, directory):
+        from twostep.exporter.quantize import one_product
+
+        quantizer = nbits_quantizer()(one_product(node, weight), bits=q["bits"], block_size=q["block_size"],
+                                      is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None,
+                                      op_types_to_quantize=("MatMul",))
+        logger = logging.getLogger(QUANTIZER_LOGGER)
+        level = logger.level
+        logger.setLevel(logging.WARNING)
+        try:
+            quantizer.process()
+        finally:
+            logger.setLevel(level)
+        graph = quantizer.model.model.graph
+        return list(graph.node), list(graph.initializer)
+
+    quantize_weights(path, product, column_axis=0)
     return q
 
 

@@ -24,28 +24,38 @@ QUANTIZATION = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": T
 
 
 def quantize_int8(path: Path) -> dict:
-    """Quantize the graph at `path` in place, weight by weight; returns the settings, for the manifest.
+    """Quantize the graph at `path` in place, weight by weight (quantize_weights); returns the settings, for the
+    manifest.
 
     ONNX Runtime's quantize_dynamic loads the whole graph and holds about three times its weights: at a 3B
-    model's size, more than the machine. Here the graph's structure is loaded without its data, and each
-    MatMul whose B is a weight is quantized by quantize_dynamic itself, with the same settings, as a one-node
-    model (X @ W, named as in the graph): its nodes (DynamicQuantizeLinear of X, once for all the products that
-    read X, as quantize_dynamic shares it; MatMulInteger; the scales' Muls) replace the MatMul, and its int8
-    weight, scales and zero points are written to the graph's new data file as they come. The numerics are
-    quantize_dynamic's by construction; memory holds one weight and its quantization at a time."""
+    model's size, more than the machine. Here each MatMul whose B is a weight is quantized by quantize_dynamic
+    itself, with the same settings, as a one-node model (X @ W, named as in the graph): its nodes
+    (DynamicQuantizeLinear of X, once for all the products that read X, as quantize_dynamic shares it;
+    MatMulInteger; the scales' Muls) replace the MatMul. The numerics are quantize_dynamic's by construction."""
+    quantize_weights(path, quantize_product, column_axis=-1)
+    return dict(QUANTIZATION)
+
+
+def quantize_weights(path: Path, quantize_product, column_axis: int) -> None:
+    """Replace each MatMul of the graph at `path` whose B is a 2-D float weight by the nodes
+    `quantize_product(node, weight, directory)` gives, in place; the tensors it gives are written to the graph's
+    new data file as they come. The graph's structure is loaded without its data: memory holds one weight and its
+    quantization at a time (quantize_columns: a few columns of it). `column_axis`: the axis along which the
+    tensors `quantize_product` gives hold the weight's columns (output channels)."""
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
     weights = {t.name: t for t in graph.initializer}
-    data = path.with_name(path.name + ".int8.data")
+    data = path.with_name(path.name + ".q.data")
     external = any(external_span(t) for t in weights.values())  # a large graph (shared.py): so is its output
     nodes, added, quantized, done = [], [], set(), set()
     with open(data, "wb") as out:
         for node in graph.node:
             weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-            if weight is None or weight.data_type != onnx.TensorProto.FLOAT:
+            if weight is None or weight.data_type != onnx.TensorProto.FLOAT or len(weight.dims) != 2:
                 nodes.append(node)
                 continue
-            replacing, tensors = quantize_columns(node, read_array(path.parent, weight), path.parent)
+            replacing, tensors = quantize_columns(node, read_array(path.parent, weight), path.parent,
+                                                  quantize_product, column_axis)
             nodes += [n for n in replacing if not (n.op_type == "DynamicQuantizeLinear" and n.input[0] in quantized)]
             quantized.add(node.input[0])
             if weight.name not in done:  # a weight two products read is quantized once, as quantize_dynamic does
@@ -58,6 +68,8 @@ def quantize_int8(path: Path) -> dict:
     graph.node.extend(nodes)
     del graph.initializer[:]
     graph.initializer.extend(kept)
+    if any(n.domain == "com.microsoft" for n in nodes) and all(o.domain != "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     stale = {span[0] for t in weights.values() if (span := external_span(t))} - \
         {span[0] for t in kept if (span := external_span(t))}
     onnx.save(model, str(path))
@@ -65,7 +77,6 @@ def quantize_int8(path: Path) -> dict:
         (path.parent / name).unlink(missing_ok=True)
     if not written:  # a small graph's tensors stay inline
         data.unlink()
-    return dict(QUANTIZATION)
 
 
 def append_external(tensor: onnx.TensorProto, out, location: str) -> onnx.TensorProto:
@@ -93,10 +104,13 @@ def read_array(directory: Path, tensor) -> np.ndarray:
     return array.reshape(tuple(tensor.dims))
 
 
-def quantize_columns(node, weight: np.ndarray, directory: Path) -> tuple[list, list]:
-    """quantize_product, on QUANTIZE_CHUNK bytes of the weight's columns at a time: its quantization is per
-    column (per output channel), so the pieces' int8 columns, scales and zero points joined are the whole's; the
-    quantizer's own copies (several of what it is given) stay a few chunks' worth, not a 256k-row table's."""
+def quantize_columns(node, weight: np.ndarray, directory: Path, quantize_product,
+                     column_axis: int) -> tuple[list, list]:
+    """quantize_product, on QUANTIZE_CHUNK bytes of the weight's columns at a time: int8's quantization is per
+    column (per output channel), int4's per block of a column, so the pieces' tensors joined along
+    `column_axis` are the whole's; the quantizer's own copies (several of what it is given) stay a few chunks'
+    worth, not a 256k-row table's. A node that states its weight's column count (MatMulNBits' N) is given the
+    whole's."""
     from onnx import numpy_helper
 
     rows, columns = weight.shape
@@ -107,26 +121,36 @@ def quantize_columns(node, weight: np.ndarray, directory: Path) -> tuple[list, l
     for start in range(0, columns, step):
         nodes, tensors = quantize_product(node, np.ascontiguousarray(weight[:, start : start + step]), directory)
         pieces.append({t.name: numpy_helper.to_array(t) for t in tensors})
-    joined = [numpy_helper.from_array(np.concatenate([piece[name] for piece in pieces], axis=pieces[0][name].ndim - 1),
-                                      name) for name in pieces[0]]
+    joined = [numpy_helper.from_array(np.concatenate([piece[name] for piece in pieces], axis=column_axis), name)
+              for name in pieces[0]]
+    for n in nodes:
+        for attribute in n.attribute:
+            if attribute.name == "N":
+                attribute.i = columns
     return nodes, joined
 
 
-def quantize_product(node, weight: np.ndarray, directory: Path) -> tuple[list, list]:
-    """quantize_dynamic's nodes and initializers for the one product `node` (X @ W, W = `weight`)."""
-    import tempfile
-
+def one_product(node, weight: np.ndarray) -> onnx.ModelProto:
+    """The model of the one product `node` (X @ W, W = `weight`), named as in the graph."""
     from onnx import helper, numpy_helper
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    q = QUANTIZATION
     x, w = node.input
     product = helper.make_graph(
         [helper.make_node("MatMul", [x, w], list(node.output), node.name)], "product",
         [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, ["rows", weight.shape[0]])],
         [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
         [numpy_helper.from_array(weight, w)])
-    one = helper.make_model(product, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(product, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def quantize_product(node, weight: np.ndarray, directory: Path) -> tuple[list, list]:
+    """quantize_dynamic's nodes and initializers for the one product `node` (X @ W, W = `weight`)."""
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    q = QUANTIZATION
+    one = one_product(node, weight)
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # the quantizer logs advice on the root logger
