@@ -5,7 +5,8 @@ benchmarks/memory.py), wall time and output bytes, against twostep's budget, 1.3
 
     python -m benchmarks.export_memory [--shape madlad-3b|nllb-3.3b|smoke] [--work DIR]
                                        [--engines twostep-fp32,twostep-int8,ct2-fp32,ct2-int8,optimum]
-                                       [--optimum-python PY] [--keep] [--json OUT] [--markdown OUT]
+                                       [--optimum-python PY] [--limit-gib G] [--keep] [--json OUT]
+                                       [--markdown OUT]
 
 The models, random weights saved by transformers itself (`save_pretrained`), at the sizes of the two 3B
 many-language models:
@@ -19,7 +20,8 @@ many-language models:
 Each conversion is the command a user runs, in a fresh process: `twostep import` (its own row), then `twostep
 export --dtype fp32|int8` (validated against eager PyTorch, as by default); `ct2-transformers-converter
 [--quantization int8]`; Optimum's export (`--optimum-python`, see benchmarks/marian.py). A conversion that
-fails (out of memory: killed) is reported with its peak until then. One at a time, nothing else running.
+fails is reported with its peak until then; one whose tree passes `--limit-gib` of PSS is killed there
+(before the machine runs out and the kernel picks a victim) and reported so. One at a time, nothing else running.
 """
 
 from __future__ import annotations
@@ -107,13 +109,13 @@ def write_nllb_tokenizer(path: Path, rows: int) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def run(name: str, command: list[str], out: Path | None, work: Path, log) -> dict:
+def run(name: str, command: list[str], out: Path | None, work: Path, log, limit: int | None = None) -> dict:
     log(f"{name}: {' '.join(command)}")
     with open(work / f"{name}.log", "w") as sink:
-        peak = measure(command, interval=0.5, stdout=sink, stderr=subprocess.STDOUT)
+        peak = measure(command, interval=0.5, stdout=sink, stderr=subprocess.STDOUT, limit=limit)
     log(f"{name}: {peak.describe()}")
     return {"pss": peak.pss, "rss": peak.rss, "seconds": peak.seconds, "returncode": peak.returncode,
-            "processes": peak.processes, "bytes": output_bytes(out) if out else None}
+            "processes": peak.processes, "stopped": peak.stopped, "bytes": output_bytes(out) if out else None}
 
 
 def report(result: dict) -> str:
@@ -123,8 +125,9 @@ def report(result: dict) -> str:
              "| conversion | peak PSS GiB | / budget | peak RSS GiB | s | output bytes | exit |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, row in result["rows"].items():
+        exit_ = "killed past the limit" if row.get("stopped") else row["returncode"]
         lines.append(f"| {name} | {row['pss'] / GIB:.2f} | {row['pss'] / budget:.2f} | {row['rss'] / GIB:.2f} | "
-                     f"{row['seconds']:.0f} | {row['bytes'] or 0:,} | {row['returncode']} |")
+                     f"{row['seconds']:.0f} | {row['bytes'] or 0:,} | {exit_} |")
     return "\n".join(lines) + "\n"
 
 
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/twostep-export-memory"))
     p.add_argument("--engines", default="twostep-fp32,twostep-int8,ct2-fp32,ct2-int8")
     p.add_argument("--optimum-python")
+    p.add_argument("--limit-gib", type=float, default=21.0,
+                   help="a conversion whose tree passes this PSS is killed and reported so (default: 21 of 24 GiB)")
     p.add_argument("--keep", action="store_true", help="keep each engine's output (default: removed after it)")
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
@@ -158,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         out = paths[engine]
         shutil.rmtree(out, ignore_errors=True)
-        rows[engine] = run(engine, commands(engine, paths, args.optimum_python)[0], out, work, log)
+        rows[engine] = run(engine, commands(engine, paths, args.optimum_python)[0], out, work, log,
+                           int(args.limit_gib * GIB))
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
     result = {"shape": shape.name, "parameter_bytes": params, "budget": memory_budget(params), "cpu": cpu_model(),

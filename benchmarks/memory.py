@@ -1,7 +1,7 @@
 """The memory a command takes: the peak, over its run, of the resident memory of its whole process tree (the
 command and every process it starts, workers included), sampled from /proc (Linux) every `interval` seconds.
 
-    python -m benchmarks.memory [--interval 0.05] [--json OUT] -- COMMAND ...
+    python -m benchmarks.memory [--interval 0.05] [--limit-gib G] [--json OUT] -- COMMAND ...
 
 Two sums are kept: RSS (every resident page of every process, memory-mapped files included) and PSS (the same,
 each page shared by several mappings counted once in all: the share of the machine's memory the tree holds).
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -32,10 +33,12 @@ class Peak:
     pss: int  # bytes
     rss: int
     processes: int  # the most processes seen at once
+    stopped: bool = False  # killed by measure when its PSS passed the limit
 
     def describe(self) -> str:
         return (f"peak PSS {self.pss / GIB:.2f} GiB, RSS {self.rss / GIB:.2f} GiB, {self.processes} process(es), "
-                f"{self.seconds:.1f} s, exit status {self.returncode}")
+                f"{self.seconds:.1f} s, exit status {self.returncode}"
+                + (" (killed: past the memory limit)" if self.stopped else ""))
 
 
 def children(pid: int) -> list[int]:
@@ -73,11 +76,14 @@ def resident(pid: int) -> tuple[int, int]:
 
 
 class Sampler:
-    """Samples the tree under `pid` in a thread until stopped; `peak` holds the largest sums seen."""
+    """Samples the tree under `pid` in a thread until stopped; `pss`, `rss` and `processes` hold the largest
+    sums seen. A tree whose PSS passes `limit` bytes is killed, every process of it (`stopped`): a conversion
+    that would take more than the machine fails there, not by the kernel's OOM killer choosing a victim."""
 
-    def __init__(self, pid: int, interval: float = 0.05):
-        self.pid, self.interval = pid, interval
+    def __init__(self, pid: int, interval: float = 0.05, limit: int | None = None):
+        self.pid, self.interval, self.limit = pid, interval, limit
         self.pss = self.rss = self.processes = 0
+        self.stopped = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -89,6 +95,13 @@ class Sampler:
     def sample(self) -> None:
         pids = tree(self.pid)
         sums = [resident(p) for p in pids]
+        if self.limit and sum(s[0] for s in sums) > self.limit:
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            self.stopped = True
         self.pss = max(self.pss, sum(s[0] for s in sums))
         self.rss = max(self.rss, sum(s[1] for s in sums))
         self.processes = max(self.processes, len(pids))
@@ -103,30 +116,32 @@ class Sampler:
 
 
 def measure(command: list[str], interval: float = 0.05, env: dict | None = None, cwd: Path | None = None,
-            stdout=None, stderr=None, timeout: float | None = None) -> Peak:
-    """Run `command` to its end, sampling its process tree; its peak."""
+            stdout=None, stderr=None, timeout: float | None = None, limit: int | None = None) -> Peak:
+    """Run `command` to its end (or to `limit` bytes of PSS: Sampler), sampling its process tree; its peak."""
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, cwd=cwd, stdout=stdout, stderr=stderr)
-    with Sampler(process.pid, interval) as sampler:
+    with Sampler(process.pid, interval, limit) as sampler:
         try:
             process.wait(timeout)
         finally:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    return Peak(process.returncode, time.perf_counter() - started, sampler.pss, sampler.rss, sampler.processes)
+    return Peak(process.returncode, time.perf_counter() - started, sampler.pss, sampler.rss, sampler.processes,
+                sampler.stopped)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--limit-gib", type=float, help="kill the command's tree past this PSS")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to run")
-    peak = measure(command, args.interval)
+    peak = measure(command, args.interval, limit=int(args.limit_gib * GIB) if args.limit_gib else None)
     print(peak.describe(), file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(asdict(peak), indent=2) + "\n")

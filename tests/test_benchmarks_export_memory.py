@@ -26,3 +26,19 @@ def test_every_conversion_is_measured(tmp_path):
         assert row["returncode"] == 0 and row["pss"] > 0 and row["rss"] >= row["pss"] and row["seconds"] > 0
     assert result["rows"]["twostep-fp32"]["bytes"] > 0
     assert "| twostep-fp32 |" in (tmp_path / "memory.md").read_text()
+
+
+def test_a_tree_past_the_limit_is_killed_whole():
+    """A child holding 400 MB under a parent that waits: past a 200 MB limit both are killed, and the peak says so."""
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.memory import measure
+
+    child = "import time; b = bytearray(400 << 20); time.sleep(60)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    started = time.perf_counter()
+    peak = measure([sys.executable, "-c", parent], interval=0.05, limit=200 << 20, stdout=subprocess.DEVNULL)
+    assert peak.stopped and peak.returncode == -9 and peak.processes == 2
+    assert peak.pss > 200 << 20 and time.perf_counter() - started < 30
