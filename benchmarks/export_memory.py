@@ -5,8 +5,8 @@ benchmarks/memory.py), wall time and output bytes, against twostep's budget, 1.3
 
     python -m benchmarks.export_memory [--shape madlad-3b|nllb-3.3b|smoke] [--work DIR]
                                        [--engines twostep-fp32,twostep-int8,ct2-fp32,ct2-int8,optimum]
-                                       [--optimum-python PY] [--limit-gib G] [--keep] [--json OUT]
-                                       [--markdown OUT]
+                                       [--optimum-python PY] [--limit-gib G] [--keep] [--drop-hf]
+                                       [--json OUT] [--markdown OUT]
 
 The models, random weights saved by transformers itself (`save_pretrained`), at the sizes of the two 3B
 many-language models:
@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit-gib", type=float, default=21.0,
                    help="a conversion whose tree passes this PSS is killed and reported so (default: 21 of 24 GiB)")
     p.add_argument("--keep", action="store_true", help="keep each engine's output (default: removed after it)")
+    p.add_argument("--drop-hf", action="store_true", help="remove the transformers files once nothing reads them "
+                   "(the engines converting them run first): a 3B shape's four copies need 55 GB of disk, this 40")
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
     args = p.parse_args(argv)
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     params = 4 * parameter_count(paths["hf"])
     importing = twostep_cli("import", paths["hf"], "--out", paths["ckpt"], "--force")
     rows = {"twostep import": run("twostep-import", importing, None, work, log)}
-    for engine in engines:
+    readers = [e for e in engines if not e.startswith("twostep")]  # the engines converting the transformers files
+    for engine in readers + [e for e in engines if e.startswith("twostep")]:
         if engine == "optimum" and not args.optimum_python:
             log("optimum: no --optimum-python, skipped")
             continue
@@ -167,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                            int(args.limit_gib * GIB))
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
+        if args.drop_hf and engine == (readers or [None])[-1]:
+            shutil.rmtree(paths["hf"])
     result = {"shape": shape.name, "parameter_bytes": params, "budget": memory_budget(params), "cpu": cpu_model(),
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
     text = report(result)

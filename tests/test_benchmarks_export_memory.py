@@ -19,9 +19,11 @@ def test_every_conversion_is_measured(tmp_path):
     engines = ["twostep-fp32"] + (["ct2-fp32"] if importlib.util.find_spec("ctranslate2") else [])
     out = tmp_path / "memory.json"
     assert export_memory.main(["--shape", "smoke", "--work", str(tmp_path), "--engines", ",".join(engines),
-                               "--json", str(out), "--markdown", str(tmp_path / "memory.md")]) == 0
+                               "--drop-hf", "--json", str(out), "--markdown", str(tmp_path / "memory.md")]) == 0
     result = json.loads(out.read_text())
-    assert set(result["rows"]) == {"twostep import", *engines}
+    # the converters of the transformers files first, then those files dropped (--drop-hf), then twostep's exports
+    assert list(result["rows"]) == ["twostep import", *engines[1:], "twostep-fp32"]
+    assert not (tmp_path / "smoke" / "hf").exists() and (tmp_path / "smoke" / "ckpt").is_dir()
     for row in result["rows"].values():
         assert row["returncode"] == 0 and row["pss"] > 0 and row["rss"] >= row["pss"] and row["seconds"] > 0
     assert result["rows"]["twostep-fp32"]["bytes"] > 0
