@@ -116,10 +116,15 @@ class Sampler:
 
 
 def measure(command: list[str], interval: float = 0.05, env: dict | None = None, cwd: Path | None = None,
-            stdout=None, stderr=None, timeout: float | None = None, limit: int | None = None) -> Peak:
-    """Run `command` to its end (or to `limit` bytes of PSS: Sampler), sampling its process tree; its peak."""
-    started = time.perf_counter()
+            stdout=None, stderr=None, timeout: float | None = None, limit: int | None = None,
+            started=None) -> Peak:
+    """Run `command` to its end (or to `limit` bytes of PSS: Sampler), sampling its process tree; its peak.
+    `started(process)`, if given, runs in a thread of its own once the process has started (a server's client,
+    which stops it)."""
+    began = time.perf_counter()
     process = subprocess.Popen(command, env=env, cwd=cwd, stdout=stdout, stderr=stderr)
+    if started is not None:
+        threading.Thread(target=started, args=(process,), daemon=True).start()
     with Sampler(process.pid, interval, limit) as sampler:
         try:
             process.wait(timeout)
@@ -127,7 +132,7 @@ def measure(command: list[str], interval: float = 0.05, env: dict | None = None,
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    return Peak(process.returncode, time.perf_counter() - started, sampler.pss, sampler.rss, sampler.processes,
+    return Peak(process.returncode, time.perf_counter() - began, sampler.pss, sampler.rss, sampler.processes,
                 sampler.stopped)
 
 

@@ -1,0 +1,121 @@
+"""The memory and time it takes to open an artifact and translate with it: `twostep translate` (open, one
+sentence, exit) and `twostep serve` (start to /readyz, then one request answered), each in a fresh process tree
+sampled by benchmarks/memory.py, its peak PSS against the artifact's bytes.
+
+    python -m benchmarks.load_memory ARTIFACT [--sentence TEXT] [--new-tokens 8] [--option KEY=VALUE ...]
+                                     [--json OUT] [--markdown OUT]
+
+ONNX Runtime memory-maps an artifact's external data (`weights.data`) and twostep opens its sessions with
+prepacking off where that would copy the weights (docs/artifact.md), so the peak is about the artifact's bytes
+plus Python, torch-free imports and the sessions' working memory. `--option` adds a decoding option or a
+language to both (`tgt_lang=fr`: `--tgt-lang fr` and `"tgt_lang": "fr"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from benchmarks.export_time import output_bytes
+from benchmarks.marian import cpu_model, twostep_cli
+from benchmarks.memory import GIB, Peak, measure
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict, timeout: float) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def serve(artifact: Path, body: dict, timeout: float = 1800) -> tuple[Peak, float, dict]:
+    """`twostep serve ARTIFACT` on a free loopback port, sampled from its start until it is stopped after
+    answering `body` once: (its peak, seconds to /readyz 200, the answer)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    found: dict = {}
+
+    def client(process_started: float) -> None:
+        while time.perf_counter() - process_started < timeout:
+            try:
+                with urllib.request.urlopen(f"{base}/readyz", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        found["ready_s"] = time.perf_counter() - process_started
+        try:
+            found["answer"] = post(f"{base}/v1/translate", body, timeout)
+        finally:
+            found["stop"] = True
+
+    command = twostep_cli("serve", artifact, "--port", port)
+    started = time.perf_counter()
+    thread = threading.Thread(target=client, args=(started,), daemon=True)
+    thread.start()
+
+    def stop_when_answered(process: subprocess.Popen) -> None:
+        while "stop" not in found and process.poll() is None:
+            time.sleep(0.1)
+        process.terminate()
+
+    peak = measure(command, interval=0.2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout,
+                   started=stop_when_answered)
+    thread.join(10)
+    if "answer" not in found:
+        raise RuntimeError(f"twostep serve {artifact} did not answer (exit {peak.returncode})")
+    return peak, found["ready_s"], found["answer"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("artifact", type=Path)
+    p.add_argument("--sentence", default="A sentence to translate.")
+    p.add_argument("--new-tokens", type=int, default=8)
+    p.add_argument("--option", action="append", default=[], help="KEY=VALUE, given to translate and serve")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--markdown", type=Path)
+    args = p.parse_args(argv)
+    options = dict(o.split("=", 1) for o in args.option)
+    size = output_bytes(args.artifact)
+    flags = [a for k, v in options.items() for a in (f"--{k.replace('_', '-')}", v)]
+    translate = measure(twostep_cli("translate", args.artifact, args.sentence, "--max-new-tokens", args.new_tokens,
+                                    *flags), interval=0.2, stdout=subprocess.DEVNULL)
+    if translate.returncode != 0:
+        raise SystemExit(f"twostep translate {args.artifact} failed (exit {translate.returncode})")
+    served, ready, answer = serve(args.artifact, {"text": [args.sentence], "max_new_tokens": args.new_tokens,
+                                                  **options})
+    rows = {"twostep translate (open + one sentence)": {"pss": translate.pss, "seconds": translate.seconds},
+            "twostep serve (start to ready + one request)": {"pss": served.pss, "seconds": served.seconds,
+                                                             "ready_seconds": ready}}
+    result = {"artifact": str(args.artifact), "artifact_bytes": size, "cpu": cpu_model(),
+              "date": time.strftime("%Y-%m-%d"), "rows": rows, "answer": answer}
+    lines = [f"{args.artifact}: {size:,} bytes. CPU {result['cpu']}, {result['date']}.", "",
+             "| command | peak PSS GiB | / artifact bytes | s | ready after s |", "|---|---:|---:|---:|---:|"]
+    for name, row in rows.items():
+        ready_s = f"{row['ready_seconds']:.1f}" if "ready_seconds" in row else ""
+        lines.append(f"| {name} | {row['pss'] / GIB:.2f} | {row['pss'] / size:.2f} | {row['seconds']:.1f} | "
+                     f"{ready_s} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
