@@ -72,3 +72,23 @@ def test_repeated_ngrams_are_those_transformers_bans():
                 scores = NoRepeatNGramLogitsProcessor(n)(torch.tensor(sequences[r : r + 1, :length]),
                                                          torch.zeros(1, vocab))
                 assert set(ids[rows == r].tolist()) == set(np.flatnonzero(np.isinf(scores[0].numpy())).tolist())
+
+
+def test_banned_ids_stay_in_the_softmax_as_transformers_bans_them():
+    """no_repeat_ngram_size's bans are -inf after the log-softmax (transformers' beam search processes the
+    log-probabilities): the other candidates' totals are those of the unbanned logits, not renormalised."""
+    rng = np.random.default_rng(3)
+    sentences, k, vocab, n = 2, 3, 50, 4
+    logits = rng.standard_normal((sentences * k, vocab)).astype(np.float32)
+    scores = rng.uniform(-3, 0, (sentences, k))
+    rows = np.repeat(np.arange(sentences * k), 5)
+    ids = rng.integers(0, vocab, rows.size)
+    x = logits.astype(np.float64)
+    logp = x - x.max(-1, keepdims=True) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    logp[rows, ids] = -np.inf  # the bans come after the softmax
+    total = (scores[:, :, None] + logp.reshape(sentences, k, vocab)).reshape(sentences, -1)
+    got_total, got_flat = kernels.beam_candidates(logits.copy(), scores, n, banned=(rows, ids))
+    for j in range(sentences):
+        order = np.argsort(-total[j], kind="stable")[:n]
+        np.testing.assert_array_equal(got_flat[j], order)
+        np.testing.assert_allclose(got_total[j], total[j, order], rtol=0, atol=1e-12)
