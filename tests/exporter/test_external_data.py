@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -119,3 +120,46 @@ def test_save_graph_writes_its_data_file_past_the_threshold_and_inline_below(tmp
     shared.save_graph(onnx.load(str(path)), path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["affine.onnx"]
     assert np.array_equal(ort.InferenceSession(str(path)).run(None, {"x": x})[0], want)
+
+
+def test_storing_removes_each_graphs_data_once_no_graph_still_to_be_stored_reads_it(tmp_path, monkeypatch):
+    """store_once copies graph after graph into WEIGHTS; a graph's own data file goes as soon as it is stored, not
+    after the last graph: the disk never holds every graph's file and all of WEIGHTS at once. A file that a later
+    graph reads too stays until that graph is stored."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    rng = np.random.default_rng(0)
+    common = rng.standard_normal((64, 64)).astype(np.float32)
+    for stem in ("a", "b", "c"):
+        weights = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w"),
+                   numpy_helper.from_array(common, "common")]
+        graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                                   helper.make_node("MatMul", ["h", "common"], ["y"])], stem,
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], weights)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+        convert_model_to_external_data(model, location=f"{stem}.data", size_threshold=0)
+        onnx.save(model, str(tmp_path / f"{stem}.onnx"))
+    a = onnx.load(str(tmp_path / "a.onnx"), load_external_data=False)
+    b = onnx.load(str(tmp_path / "b.onnx"), load_external_data=False)
+    b.graph.initializer[1].ClearField("external_data")  # b reads its "common" from a's file
+    b.graph.initializer[1].external_data.extend(a.graph.initializer[1].external_data)
+    onnx.save(b, str(tmp_path / "b.onnx"))
+    present = []
+    copy = shared.copy_span
+
+    def watching(source, offset, length, out, digest):
+        data = sorted(p.name for p in tmp_path.glob("*.data") if p.name != shared.WEIGHTS)
+        present.append((Path(source.name).name, data))
+        return copy(source, offset, length, out, digest)
+
+    monkeypatch.setattr(shared, "copy_span", watching)
+    shared.store_once([tmp_path / f"{stem}.onnx" for stem in ("a", "b", "c")])
+    assert present == [("a.data", ["a.data", "b.data", "c.data"])] * 2 + [("b.data", ["a.data", "b.data", "c.data"]),
+                                                                          ("a.data", ["a.data", "b.data", "c.data"])] \
+        + [("c.data", ["c.data"])] * 2, present
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([shared.WEIGHTS, "a.onnx", "b.onnx", "c.onnx"])
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    for stem in ("a", "b", "c"):
+        assert ort.InferenceSession(str(tmp_path / f"{stem}.onnx")).run(None, {"x": x})[0].shape == (1, 64)

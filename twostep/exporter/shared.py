@@ -162,15 +162,18 @@ def copy_span(source, offset: int, length: int, out, digest) -> None:
 def store_once(graphs: list[Path]) -> int:
     """Move every initializer of `graphs` (files of one directory, their external data beside them) of
     SMALLEST bytes or more into the directory's WEIGHTS file, each distinct content once, at page-aligned
-    offsets, and remove the data files they used before. Streams: a graph's structure is loaded without its
-    data, and each tensor is copied chunk by chunk (a tensor whose bytes are already in WEIGHTS is written,
-    found to be a copy, and cut off again). Returns the bytes of WEIGHTS."""
+    offsets, and remove the data files they used before, each as soon as no graph still to be stored reads it (the
+    disk holds the graphs' files and WEIGHTS together only as long as it must). Streams: a graph's structure is
+    loaded without its data, and each tensor is copied chunk by chunk (a tensor whose bytes are already in
+    WEIGHTS is written, found to be a copy, and cut off again). Returns the bytes of WEIGHTS."""
     directory = graphs[0].parent
     weights = directory / WEIGHTS
     stale: set[str] = set()
     offsets: dict[bytes, tuple[int, int]] = {}
+    reads = [{span[0] for t in onnx.load(str(path), load_external_data=False).graph.initializer
+              if (span := external_span(t))} for path in graphs]
     with open(weights, "w+b") as out:
-        for path in graphs:
+        for i, path in enumerate(graphs):
             model = onnx.load(str(path), load_external_data=False)
             sources = {}
             try:
@@ -202,7 +205,8 @@ def store_once(graphs: list[Path]) -> int:
                     source.close()
             onnx.save(model, str(path))
             del model
+            for name in stale - {WEIGHTS} - set().union(*reads[i + 1 :]):
+                (directory / name).unlink(missing_ok=True)
+                stale.discard(name)
         size = out.seek(0, 2)
-    for name in stale - {WEIGHTS}:
-        (directory / name).unlink(missing_ok=True)
     return size
