@@ -15,65 +15,43 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
+import httpx
+
 from benchmarks.export_time import output_bytes
+from benchmarks.many_models import free_port
 from benchmarks.marian import cpu_model, twostep_cli
 from benchmarks.memory import GIB, Peak, measure
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url: str, body: dict, timeout: float) -> dict:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
 
 
 def serve(artifact: Path, body: dict, timeout: float = 1800) -> tuple[Peak, float, dict]:
     """`twostep serve ARTIFACT` on a free loopback port, sampled from its start until it is stopped after
     answering `body` once: (its peak, seconds to /readyz 200, the answer)."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
+    base = f"http://127.0.0.1:{free_port()}"
     found: dict = {}
 
-    def client(process_started: float) -> None:
-        while time.perf_counter() - process_started < timeout:
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
-        found["ready_s"] = time.perf_counter() - process_started
+    def client(process: subprocess.Popen) -> None:
+        """Waits for /readyz, sends `body` once, then stops the server."""
+        started = time.perf_counter()
         try:
-            found["answer"] = post(f"{base}/v1/translate", body, timeout)
+            while process.poll() is None and time.perf_counter() - started < timeout:
+                try:
+                    if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            found["ready_s"] = time.perf_counter() - started
+            found["answer"] = httpx.post(f"{base}/v1/translate", json=body, timeout=timeout).json()
         finally:
-            found["stop"] = True
+            process.terminate()
 
-    command = twostep_cli("serve", artifact, "--port", port)
-    started = time.perf_counter()
-    thread = threading.Thread(target=client, args=(started,), daemon=True)
-    thread.start()
-
-    def stop_when_answered(process: subprocess.Popen) -> None:
-        while "stop" not in found and process.poll() is None:
-            time.sleep(0.1)
-        process.terminate()
-
+    command = twostep_cli("serve", artifact, "--port", base.rsplit(":", 1)[1])
     peak = measure(command, interval=0.2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout,
-                   started=stop_when_answered)
-    thread.join(10)
+                   started=client)
     if "answer" not in found:
         raise RuntimeError(f"twostep serve {artifact} did not answer (exit {peak.returncode})")
     return peak, found["ready_s"], found["answer"]
