@@ -46,7 +46,7 @@ def quantize_int4(path: Path, block_size: int | None = None, symmetric: bool | N
     the quantizer would load. A weight it would leave fp32 is refused before anything is quantized."""
     import onnx
 
-    from twostep.exporter.quantize import quantize_weights
+    from twostep.exporter.quantize import one_product, quantize_weights
 
     q = dict(QUANTIZATION)
     q.update({k: v for k, v in (("block_size", block_size), ("symmetric", symmetric),
@@ -61,23 +61,23 @@ def quantize_int4(path: Path, block_size: int | None = None, symmetric: bool | N
                        f"{path.name} ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}): ONNX Runtime's "
                        "MatMulNBits takes 2-D constant weights only; export with --dtype int8 or fp32")
 
-    def product(node, weight, directory):
-        from twostep.exporter.quantize import one_product
+    quantizer = nbits_quantizer()
 
-        quantizer = nbits_quantizer()(one_product(node, weight), bits=q["bits"], block_size=q["block_size"],
-                                      is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None,
-                                      op_types_to_quantize=("MatMul",))
-        logger = logging.getLogger(QUANTIZER_LOGGER)
-        level = logger.level
-        logger.setLevel(logging.WARNING)
-        try:
-            quantizer.process()
-        finally:
-            logger.setLevel(level)
-        graph = quantizer.model.model.graph
+    def product(node, weight, directory):
+        one = quantizer(one_product(node, weight), bits=q["bits"], block_size=q["block_size"],
+                        is_symmetric=q["symmetric"], accuracy_level=q["accuracy_level"] or None,
+                        op_types_to_quantize=("MatMul",))
+        one.process()
+        graph = one.model.model.graph
         return list(graph.node), list(graph.initializer)
 
-    quantize_weights(path, product, column_axis=0)
+    logger = logging.getLogger(QUANTIZER_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        quantize_weights(path, product, column_axis=0)
+    finally:
+        logger.setLevel(level)
     return q
 
 
