@@ -170,11 +170,10 @@ def store_once(graphs: list[Path]) -> int:
     weights = directory / WEIGHTS
     stale: set[str] = set()
     offsets: dict[bytes, tuple[int, int]] = {}
-    reads = [{span[0] for t in onnx.load(str(path), load_external_data=False).graph.initializer
-              if (span := external_span(t))} for path in graphs]
+    models = [onnx.load(str(path), load_external_data=False) for path in graphs]  # structures: a few MB
+    reads = [{span[0] for t in model.graph.initializer if (span := external_span(t))} for model in models]
     with open(weights, "w+b") as out:
-        for i, path in enumerate(graphs):
-            model = onnx.load(str(path), load_external_data=False)
+        for i, (path, model) in enumerate(zip(graphs, models)):
             sources = {}
             try:
                 for tensor in model.graph.initializer:
@@ -204,7 +203,6 @@ def store_once(graphs: list[Path]) -> int:
                 for source in sources.values():
                     source.close()
             onnx.save(model, str(path))
-            del model
             for name in stale - {WEIGHTS} - set().union(*reads[i + 1 :]):
                 (directory / name).unlink(missing_ok=True)
                 stale.discard(name)
