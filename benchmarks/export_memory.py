@@ -159,19 +159,24 @@ def main(argv: list[str] | None = None) -> int:
     params = 4 * parameter_count(paths["hf"])
     importing = twostep_cli("import", paths["hf"], "--out", paths["ckpt"], "--force")
     rows = {"twostep import": run("twostep-import", importing, None, work, log)}
-    readers = [e for e in engines if not e.startswith("twostep")]  # the engines converting the transformers files
-    for engine in readers + [e for e in engines if e.startswith("twostep")]:
+
+    def convert(engine: str) -> None:
         if engine == "optimum" and not args.optimum_python:
             log("optimum: no --optimum-python, skipped")
-            continue
+            return
         out = paths[engine]
         shutil.rmtree(out, ignore_errors=True)
         rows[engine] = run(engine, commands(engine, paths, args.optimum_python)[0], out, work, log,
                            int(args.limit_gib * GIB))
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
-        if args.drop_hf and engine == (readers or [None])[-1]:
-            shutil.rmtree(paths["hf"])
+
+    for engine in [e for e in engines if not e.startswith("twostep")]:  # those converting the transformers files
+        convert(engine)
+    if args.drop_hf:
+        shutil.rmtree(paths["hf"])
+    for engine in [e for e in engines if e.startswith("twostep")]:
+        convert(engine)
     result = {"shape": shape.name, "parameter_bytes": params, "budget": memory_budget(params), "cpu": cpu_model(),
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
     text = report(result)
