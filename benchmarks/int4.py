@@ -9,8 +9,9 @@ to read its weights once.
 The model: benchmarks/t5.py's random-weight mT5 (T5 v1.1: gated-gelu feed-forward, relative position buckets, an
 lm_head of its own with weights normal with std d_model^-0.5), at the shape given: `--layers` encoder and as many
 decoder layers, `--heads` heads of `--d-kv`, `--vocab` rows. `--madlad-3b` is MADLAD-400-3B's shape (32+32
-layers, d_model 1024, 16 heads x 128, d_ff 8192, vocab 256000): 2.9 billion weights, 12 GB in fp32; building it,
-the exports and the four engines loaded side by side need about 40 GB of memory and an hour (not run yet).
+layers, d_model 1024, 16 heads x 128, d_ff 8192, vocab 256000): 2.9 billion weights, 12 GB in fp32. Each export
+stays within the memory of a 24 GiB machine, but the fp32 engine (12.6 GB mapped) beside the others does not:
+run it with `--engines twostep-int8,twostep-int4,ct2-int8` there (docs/benchmarks.md, "int4").
 
 The engines, each in its own worker process (benchmarks/t5.py's), `--threads` intra-op threads:
 
