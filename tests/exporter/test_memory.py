@@ -1,9 +1,10 @@
 """Export within memory (issue 48): the weights are memory-mapped once and never copied whole. A model of
 ~300 MB is exported (fp32, validation on) in a child process whose process tree is sampled
 (benchmarks/memory.py); its peak PSS above the same export of a model of a few MB (the fixed cost: Python,
-torch, ONNX Runtime) must stay within 1.5x the larger model's parameter bytes. Any whole copy of the weights
+torch, ONNX Runtime) must stay within 1.75x the larger model's parameter bytes. Any whole copy of the weights
 (the eager model copied out of its file, a graph serialized in memory, a session's prepacked weights next to
-the model's) makes it 2x or more. The graphs take the external-data path of a model past 2 GB
+the model's) makes it 2x or more; the export as it is takes 1.51x on an AVX2 AMD EPYC (ONNX Runtime's
+sessions and the trace's buffers above the weights), less on an AMX Xeon, so the bound sits between the two. The graphs take the external-data path of a model past 2 GB
 (shared.EXTERNAL_DATA_BYTES lowered to 0 in the child), the path 3B models take.
 
 int8 and int4 quantize those graphs (the export's next step, the same code) in a child process of their own,
@@ -80,7 +81,7 @@ def exported(tmp_path_factory):
 def test_export_holds_the_weights_once(exported):
     large, peaks, _ = exported
     grown = peaks["large"] - peaks["small"]
-    assert grown <= 1.5 * large, (f"the export of {large / 1e6:.0f} MB of parameters took {grown / 1e6:.0f} MB "
+    assert grown <= 1.75 * large, (f"the export of {large / 1e6:.0f} MB of parameters took {grown / 1e6:.0f} MB "
                                   f"more at its peak than a tiny one's ({peaks})")
 
 
