@@ -426,6 +426,10 @@ def serve_cmd(
                                                 "lines and # comments ignored); keys also from TWOSTEP_API_KEYS, "
                                                 "separated by commas."),
     protect_metrics: bool = typer.Option(False, "--protect-metrics", help="/metrics needs an API key too."),
+    suggestions: bool = typer.Option(False, "--suggestions", help="Take suggested translations (LibreTranslate's "
+                                     "POST /suggest) into --suggestions-db; `twostep suggestions` exports them."),
+    suggestions_db: Path = typer.Option(Path("db/suggestions.db"), help="--suggestions: the SQLite file, created "
+                                        "if absent (LibreTranslate's own, and its default path, work as they are)."),
     ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep\\[ray]')."),
     address: Optional[str] = typer.Option(None, help="--ray: join this Ray cluster (ray start --head) instead "
                                           "of starting a local one."),
@@ -456,7 +460,8 @@ def serve_cmd(
                          max_request_work=max_request_work)
     config = ServeConfig(tuple(str(d.resolve()) for d in model_dirs), backend, threads, limits,
                          max_sentences=max_sentences, max_chars=max_chars, api_key_digests=read_api_keys(api_key_file),
-                         protect_metrics=protect_metrics, pivot=pivot_language, max_loaded=max_loaded)
+                         protect_metrics=protect_metrics, pivot=pivot_language, max_loaded=max_loaded,
+                         suggestions=str(opened_suggestions(suggestions_db)) if suggestions else None)
     if not ray:
         from twostep.serving.http import serve
 
@@ -505,6 +510,36 @@ def check_servable(model_dirs: list[Path], backend: Optional[str], pivot: Option
         reason = backends.unavailable_reason(name)
         if reason:
             raise TwostepError(f"backend {name!r} is not available here: {reason}")
+
+
+def opened_suggestions(path: Path) -> Path:
+    """The suggestions database, created (or checked) before the server starts: a bad path is one line."""
+    from twostep.serving.suggestions import Suggestions
+
+    Suggestions(path).close()
+    return path.resolve()
+
+
+suggestions_app = typer.Typer(no_args_is_help=True, help="Suggested translations (`twostep serve --suggestions`).")
+app.add_typer(suggestions_app, name="suggestions")
+
+
+@suggestions_app.command("export")
+def suggestions_export(
+    database: Path = typer.Argument(..., help="The SQLite file `twostep serve --suggestions` (or LibreTranslate) "
+                                    "wrote."),
+    out_dir: Path = typer.Option(..., "--out", help="Folder for the corpus (created; existing files are refused)."),
+) -> None:
+    """Write the suggestions as a parallel corpus: for each language pair, two line-aligned files (en-fr.en,
+    en-fr.fr), as OPUS and sacrebleu name them."""
+    from twostep.serving.suggestions import export
+
+    written, skipped = export(database, out_dir)
+    for (source, target), n in sorted(written.items()):
+        out.print(f"{source}-{target}: {n} sentence pairs")
+    if skipped:
+        out.print(f"skipped {skipped} suggestion(s) whose language codes are not codes")
+    out.print(f"wrote {out_dir}")
 
 
 @app.command("init")

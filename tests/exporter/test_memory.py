@@ -4,8 +4,9 @@
 torch, ONNX Runtime) must stay within 1.75x the larger model's parameter bytes. Any whole copy of the weights
 (the eager model copied out of its file, a graph serialized in memory, a session's prepacked weights next to
 the model's) makes it 2x or more; the export as it is takes 1.51x on an AVX2 AMD EPYC (ONNX Runtime's
-sessions and the trace's buffers above the weights), less on an AMX Xeon, so the bound sits between the two. The graphs take the external-data path of a model past 2 GB
-(shared.EXTERNAL_DATA_BYTES lowered to 0 in the child), the path 3B models take.
+sessions and the trace's buffers above the weights), less on an AMX Xeon, so the bound sits between the two.
+The graphs take the external-data path of a model past 2 GB (shared.EXTERNAL_DATA_BYTES lowered to 0 in the
+child), the path 3B models take.
 
 int8 and int4 quantize those graphs (the export's next step, the same code) in a child process of their own,
 whose peak above quantizing the small model's must stay within the larger model's parameter bytes: ONNX

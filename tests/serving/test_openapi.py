@@ -39,9 +39,11 @@ TIMEOUT_S = 75  # the run's bound; the server's start and the artifact's export 
 
 
 @pytest.fixture(scope="module")
-def documented(demo_artifact):
+def documented(demo_artifact, tmp_path_factory):
+    suggestions = tmp_path_factory.mktemp("suggestions") / "suggestions.db"
     with server(demo_artifact, "--max-beam", MAX_BEAM, "--max-new-tokens", MAX_NEW_TOKENS, "--max-sentences",
-                MAX_SENTENCES, "--max-chars", MAX_CHARS) as (url, proc):
+                MAX_SENTENCES, "--max-chars", MAX_CHARS, "--suggestions", "--suggestions-db", suggestions) as served:
+        url, proc = served
         yield url, proc
 
 
@@ -118,6 +120,7 @@ def test_schemathesis_finds_no_server_error_and_no_validation_mismatch(documente
     operations = found["operations"]
     assert operations["tested"] == operations["total"] >= 11 and operations["errored"] == 0, operations
     for label in ("POST /v1/translate", "GET /v1/languages", "POST /translate", "POST /detect", "GET /languages",
-                  "GET /frontend/settings", "GET /health", "GET /spec"):  # both APIs, each served valid data
+                  "GET /frontend/settings", "GET /health", "GET /spec",
+                  "POST /suggest"):  # both APIs, each served valid data
         assert any(rate["accepted"] for rate in found["valid_rates"][label].values()), (label, found["valid_rates"])
     assert "Traceback" not in "".join(proc.log)

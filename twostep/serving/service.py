@@ -51,6 +51,7 @@ class ServeConfig:
     protect_metrics: bool = False  # /metrics needs a key too
     pivot: Optional[str] = "en"  # the language a pair no model has goes through; None: no pivoting
     max_loaded: Optional[int] = None  # models loaded at once (the least recently used leaves); None: all, at start
+    suggestions: Optional[str] = None  # LibreTranslate's POST /suggest stores into this SQLite file; None: off
 
     def __post_init__(self):
         if self.protect_metrics and not self.api_key_digests:

@@ -7,6 +7,8 @@ other client libraries, Mastodon, Weblate, the editor, chat and CMS plugins buil
     POST /detect             q (a text or a list) -> [{"language": "fr", "confidence": 92.0}, ...], best first
     GET  /languages          [{"code": "fr", "name": "French", "targets": ["en", ...]}, ...]
     GET  /frontend/settings  what LibreTranslate's web UI reads: charLimit, keyRequired, the default languages, ...
+    POST /suggest            q, s (the suggested translation), source, target -> {"success": true}; with
+                             --suggestions (else 403), stored in SQLite (twostep.serving.suggestions)
     GET  /health             {"status": "ok"}
     GET  /spec               the OpenAPI document
 
@@ -41,9 +43,10 @@ from twostep.serving.engine import Faulted
 from twostep.serving.middleware import bearer_key, known_key
 from twostep.serving.models import Catalog, Route, Unsupported, described
 from twostep.serving.service import FAILED, NotReady, Refused, ServeConfig, Service, Translated, error
+from twostep.serving.suggestions import CODE, Suggestions
 
 PATHS = frozenset({"/translate", "/detect"})  # which check their key themselves (in the body, or the header)
-OPEN = frozenset({"/languages", "/frontend/settings", "/health", "/spec"})  # open on a server with keys, as LT's
+OPEN = frozenset({"/languages", "/frontend/settings", "/health", "/spec", "/suggest"})  # open with keys, as LT's
 ALIASES = {"zt": "zh-Hant", "pb": "pt-BR"}  # LibreTranslate's own codes (its libretranslate/language.py)
 REFUSED = Refused({Faulted: 500, NotReady: 503, Overloaded: 429, TwostepError: 400})
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default --frontend-timeout
@@ -165,9 +168,10 @@ def alternatives_limit(config: ServeConfig) -> int:
     return config.limits.beam_limit - 1
 
 
-def request_bodies(config: ServeConfig) -> tuple[dict, dict]:
-    """The request bodies of /translate and /detect: a JSON object, or a form (urlencoded or multipart), whose q is
-    one text (a form's only kind) or a list; the size limits are the server's (its max_chars, max_sentences)."""
+def request_bodies(config: ServeConfig) -> tuple[dict, dict, dict]:
+    """The request bodies of /translate, /detect and /suggest: a JSON object, or a form (urlencoded or multipart),
+    whose q is one text (a form's only kind) or a list (not /suggest's); the size limits are the server's (its
+    max_chars, max_sentences)."""
     def text(**limits) -> dict:
         return {"type": "string", "maxLength": config.max_chars, **limits}
 
@@ -190,14 +194,21 @@ def request_bodies(config: ServeConfig) -> tuple[dict, dict]:
                                   "html)."},
                  "api_key": api_key}
     detect = {"q": q(None), "api_key": api_key}
+    tag = {"type": "string", "pattern": r"^\s*[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})*\s*$", "description": "A language "
+           "code, stored lower-cased."}
+    suggest = {"q": text(minLength=1, description="The text translated."), "s": text(minLength=1, description=(
+        "The translation suggested (q and s together at most the server's characters a request).")),
+        "source": tag, "target": tag}
 
     def body(fields: dict, required: list[str]) -> dict:
-        form = {"type": "object", "properties": {**fields, "q": fields["q"]["anyOf"][0]}, "required": required}
+        form = {"type": "object", "properties": {**fields, "q": fields["q"].get("anyOf", [fields["q"]])[0]},
+                "required": required}
         return {"required": True, "content": {
             "application/json": {"schema": {"type": "object", "properties": fields, "required": required}},
             "application/x-www-form-urlencoded": {"schema": form}, "multipart/form-data": {"schema": form}}}
 
-    return body(translate, ["q", "source", "target"]), body(detect, ["q"])
+    return (body(translate, ["q", "source", "target"]), body(detect, ["q"]),
+            body(suggest, ["q", "s", "source", "target"]))
 
 
 def describe(document: dict, service: Service) -> None:
@@ -207,8 +218,8 @@ def describe(document: dict, service: Service) -> None:
     aliases of them, and auto for a source where the server detects; any code on a side where a one-model
     server's model names no languages (it translates its one pair whatever the code says)."""
     paths = document["paths"]
-    paths["/translate"]["post"]["requestBody"], paths["/detect"]["post"]["requestBody"] = \
-        request_bodies(service.config)
+    paths["/translate"]["post"]["requestBody"], paths["/detect"]["post"]["requestBody"], \
+        paths["/suggest"]["post"]["requestBody"] = request_bodies(service.config)
     if not service.ready:
         return
     catalog = service.running()
@@ -241,7 +252,8 @@ def settings_of(service: Service) -> dict:
     target = next((t for t in targets if t != source and t != catalog.pivot), targets[0] if targets else "")
     keys = bool(service.config.api_key_digests)
     return {"charLimit": service.config.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": keys,
-            "keyRequired": keys, "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+            "keyRequired": keys, "suggestions": service.config.suggestions is not None, "filesTranslation": False,
+            "supportedFilesFormat": [],
             "language": {"source": {"code": source, "name": "Auto Detect" if source == "auto"
                                     else described(source)["name"] or source},
                          "target": {"code": target, "name": described(target)["name"] or target}}}
@@ -287,6 +299,29 @@ def router(service: Service) -> APIRouter:
     @routes.get("/spec", responses=answers({"type": "object", "description": "This OpenAPI document"}))
     async def spec(request: Request):
         return request.app.openapi()
+
+    suggestions = Suggestions(service.config.suggestions) if service.config.suggestions else None
+
+    @routes.post("/suggest", responses=answers({"type": "object", "properties": {"success": {"type": "boolean"}}},
+                                               {400: refused[400], 403: "Suggestions are off on this server"}))
+    async def suggest(request: Request):
+        """Store a suggested translation `s` of `q`, as LibreTranslate does (its codes lower-cased, as given)."""
+        if suggestions is None:
+            return error(403, "Suggestions are disabled on this server.")
+        try:
+            body = await fields(request)
+            for name in ("q", "s"):
+                if not isinstance(body.get(name), str) or not body[name]:
+                    raise BadInput(f"Invalid request: missing {name} parameter")
+            source, target = language(body.get("source"), "source"), language(body.get("target"), "target")
+            for code in (source, target):
+                if not CODE.fullmatch(code):
+                    raise BadInput(f"Invalid request: {code} is not a language code")
+            service.check_size([body["q"], body["s"]])
+        except TwostepError as exc:
+            return REFUSED.response(service, exc)
+        await asyncio.to_thread(suggestions.add, body["q"], body["s"], source, target)
+        return JSONResponse({"success": True})
 
     @routes.post("/detect",
                   responses=answers({"type": "array", "items": DETECTED, "description": "Best first"},
