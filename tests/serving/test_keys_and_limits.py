@@ -150,7 +150,7 @@ def test_a_keys_own_characters_a_request_replace_the_servers(keyed_server, key, 
         assert r.json() == {"error": f"Invalid request: request ({size}) exceeds text limit ({limit})"}
 
 
-def test_the_servers_character_texts_and_alternatives_limits_in_libretranslates_words(keyed_server):
+def test_the_servers_character_and_texts_limits_in_libretranslates_words(keyed_server):
     url, _, _ = keyed_server
     key = WIDE  # 50 requests a minute: room for every request here
     text = "six seven eight nine ten eleven"  # 31 characters
@@ -163,6 +163,11 @@ def test_the_servers_character_texts_and_alternatives_limits_in_libretranslates_
     assert lt(url, key, q=["six"] * 3).status_code == 200
     r = post(url, {"text": ["six"] * 4}, headers={"Authorization": f"Bearer {key}"})
     assert refused(r, 413) == "4 texts in one request; at most 3"
+
+
+def test_the_servers_alternatives_limit_in_libretranslates_words(keyed_server):
+    url, _, _ = keyed_server
+    key = WIDE
     assert refused(lt(url, key, alternatives=2), 400) == "Invalid request: alternatives parameter must be <= 1"
     r = lt(url, key, alternatives=1)
     assert r.status_code == 200 and len(r.json()["alternatives"]) <= 1, r.text
