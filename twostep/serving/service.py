@@ -273,8 +273,8 @@ class Service:
     def admit(self, scope, key: bytes | None, own: KeyLimits | None = None, cost: int = 1) -> int:
         """Count a request of `cost` (a list's texts, as LibreTranslate counts them) against its client's requests
         a minute, in a moving window: its key's own (`own`), else the server's req_limit; the client is its
-        key where it sent one, else its address (the Starlette `scope`'s client: behind a proxy, uvicorn's
-        --forwarded-allow-ips make it the proxy's X-Forwarded-For). RateLimited beyond. The characters the request
+        key where it sent one, else its address (the ASGI `scope`'s client: behind a proxy that uvicorn trusts,
+        FORWARDED_ALLOW_IPS, the proxy's X-Forwarded-For). RateLimited beyond. The characters the request
         may hold: its key's, else max_chars. LibreTranslate's get_req_limits and get_char_limit."""
         own = own or KeyLimits()
         req_limit = own.req_limit or self.config.req_limit

@@ -21,9 +21,9 @@ LibreTranslate's shape, {"error": message}, in its words where its tests or app.
 (and, as LibreTranslate, for one over the size limits: "Invalid request: request (N) exceeds text limit (M)" for
 the characters and the texts), 403 for an api_key that is not one of the server's, 429 while the queue is full or a
 client is over its requests a minute ("Slowdown: 60 per 1 minute"), 503 while loading or shutting down; 405 for a
-wrong method; 500 for a bug. With API keys,
-/translate and /detect take the key as `api_key` or as the Bearer header; the other paths are open, as in
-LibreTranslate. The API document states what /translate and /detect take, as JSON and as forms (`describe`).
+wrong method; 500 for a bug. With API keys, /translate and /detect take the key as `api_key` or as the Bearer
+header; the other paths are open, as in LibreTranslate. The API document states what /translate and /detect
+take, as JSON and as forms (`describe`).
 """
 
 from __future__ import annotations
