@@ -411,8 +411,19 @@ def serve_cmd(
     max_request_work: int = typer.Option(BatchLimits.max_request_work, help=BatchLimits.doc("max_request_work")),
     max_sentences: int = typer.Option(64, min=1, help="Sentences per request, once its documents are split; beyond "
                                       "it 413 (LibreTranslate's API: 400)."),
-    max_chars: int = typer.Option(20_000, min=1, help="Characters per request, all its texts together; beyond it 413 "
-                                  "(LibreTranslate's API: 400)."),
+    max_chars: int = typer.Option(20_000, "--max-chars", "--char-limit", min=1, help="Characters per request, all "
+                                  "its texts together (--char-limit: LibreTranslate's name); beyond it 413 "
+                                  "(LibreTranslate's API: 400). A keys database's key may have its own."),
+    batch_limit: Optional[int] = typer.Option(None, min=1, help="Texts per request (LibreTranslate's --batch-limit); "
+                                              "beyond it 413 (LibreTranslate's API: 400). Default: none but "
+                                              "--max-sentences."),
+    alternatives_limit: Optional[int] = typer.Option(None, min=0, help="Alternatives per request on "
+                                                     "LibreTranslate's API (its --alternatives-limit); beyond it 400. "
+                                                     "Default, and at most: the beam limit - 1."),
+    req_limit: Optional[int] = typer.Option(None, min=1, help="Requests per minute per client, its API key or else "
+                                            "its address, a list of N texts counting N (LibreTranslate's "
+                                            "--req-limit); beyond it 429. A keys database's key has its own. "
+                                            "Default: no limit."),
     threads: Optional[int] = typer.Option(None, min=1, help="Intra-op threads of each model (default: the library's)."),
     pivot: str = typer.Option("en", help="A pair no model has goes through this language (two models: the first's "
                               "best translation is the second's source); 'none': no pivoting."),
@@ -425,6 +436,10 @@ def serve_cmd(
                                                 "/translate: or api_key) on the APIs, KEY a line of this file (blank "
                                                 "lines and # comments ignored); keys also from TWOSTEP_API_KEYS, "
                                                 "separated by commas."),
+    api_key_db: Optional[Path] = typer.Option(None, help="Require a key (as --api-key-file) of this SQLite database "
+                                              "(twostep keys add), each with its own requests per minute and "
+                                              "characters per request; beside --api-key-file. Looked up at each "
+                                              "request: keys added or removed count at once."),
     protect_metrics: bool = typer.Option(False, "--protect-metrics", help="/metrics needs an API key too."),
     suggestions: bool = typer.Option(False, "--suggestions", help="Take suggested translations (LibreTranslate's "
                                      "POST /suggest) into --suggestions-db; `twostep suggestions` exports them."),
@@ -452,6 +467,10 @@ def serve_cmd(
         raise TwostepError(f"serving needs its extra: pip install 'twostep[serve]' ({exc})") from None
     if batching not in BATCHING:
         raise TwostepError(f"--batching takes {' or '.join(BATCHING)}, got {batching!r}")
+    if api_key_db is not None:
+        from twostep.serving.keys import KeyDatabase
+
+        KeyDatabase(api_key_db).close()  # a missing or bad database is one line, before the models are read
     pivot_language = None if pivot.lower() == "none" else pivot
     check_servable(model_dirs, backend, pivot_language)
     limits = BatchLimits(max_batch_tokens=max_batch_tokens, max_batch_rows=max_batch_rows, max_wait_ms=max_wait_ms,
@@ -459,7 +478,10 @@ def serve_cmd(
                          express_share=express_share, max_beam=max_beam, max_new_tokens=max_new_tokens,
                          max_request_work=max_request_work)
     config = ServeConfig(tuple(str(d.resolve()) for d in model_dirs), backend, threads, limits,
-                         max_sentences=max_sentences, max_chars=max_chars, api_key_digests=read_api_keys(api_key_file),
+                         max_sentences=max_sentences, max_chars=max_chars, batch_limit=batch_limit,
+                         alternatives_limit=alternatives_limit, req_limit=req_limit,
+                         api_key_digests=read_api_keys(api_key_file),
+                         api_key_db=str(api_key_db.resolve()) if api_key_db else None,
                          protect_metrics=protect_metrics, pivot=pivot_language, max_loaded=max_loaded,
                          suggestions=str(opened_suggestions(suggestions_db)) if suggestions else None)
     if not ray:
@@ -484,6 +506,54 @@ def serve_cmd(
                                                                          graceful_shutdown_timeout))
                 if value is not None}
     ray_app.run(config, host, port, replicas, num_cpus, scaling, address, shutdown)
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys with limits of their own, in the SQLite database that "
+                       "twostep serve --api-key-db reads (LibreTranslate's ltmanage keys). It keeps each key's SHA-256 "
+                       "digest, never the key.")
+app.add_typer(keys_app, name="keys")
+KEY_DB = typer.Option(..., "--api-key-db", help="The keys database (SQLite).")
+
+
+@keys_app.command("add")
+def keys_add(
+    req_limit: int = typer.Argument(..., min=1, help="Requests per minute of this key."),
+    api_key_db: Path = KEY_DB,
+    key: Optional[str] = typer.Option(None, help="The key (default: a new random one)."),
+    char_limit: int = typer.Option(0, min=0, help="Characters per request, all its texts together; 0: the "
+                                   "server's (--char-limit)."),
+) -> None:
+    """Add a key, or give one already there these limits; print it (the database keeps only its digest). Makes
+    the database if it is not there."""
+    from twostep.serving.keys import KeyDatabase
+
+    out.print(KeyDatabase(api_key_db, "rwc").add(req_limit, key, char_limit or None), markup=False,
+              highlight=False)
+
+
+@keys_app.command("remove")
+def keys_remove(key: str = typer.Argument(..., help="The key, or its digest as list shows it."),
+                api_key_db: Path = KEY_DB) -> None:
+    """Remove a key: a server that reads the database refuses it from its next request."""
+    from twostep.serving.keys import KeyDatabase
+
+    if not KeyDatabase(api_key_db, "rw").remove(key):
+        raise TwostepError(f"no such key in {api_key_db}: give the key, or its digest as twostep keys list shows it")
+    out.print("removed", markup=False, highlight=False)
+
+
+@keys_app.command("list")
+def keys_list(api_key_db: Path = KEY_DB) -> None:
+    """Each key's SHA-256 digest, requests per minute and characters per request."""
+    from twostep.serving.keys import KeyDatabase
+
+    keys = KeyDatabase(api_key_db).all()
+    if not keys:
+        out.print("There are no API keys")
+    for digest, limits in keys:
+        chars = limits.char_limit if limits.char_limit is not None else "the server's"
+        out.print(f"{digest}: {limits.req_limit} requests per minute, {chars} characters per request", markup=False,
+                  highlight=False)
 
 
 def check_servable(model_dirs: list[Path], backend: Optional[str], pivot: Optional[str]) -> None:

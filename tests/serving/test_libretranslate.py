@@ -118,7 +118,7 @@ def test_html_keeps_its_tags_and_translates_its_text(demo_server, reference):
      "alternatives are one beam search's best, and the server's beam limit is 16: twostep serve --max-beam and "
      "--max-batch-rows)"),
     ({"q": ["six"] * 17}, 400, "17 sentences in one request; at most 16"),
-    ({"q": "six " * 6000}, 400, "characters in one request; at most 20000"),
+    ({"q": "six " * 6000}, 400, "Invalid request: request (24000) exceeds text limit (20000)"),
 ])
 def test_bad_requests_get_libretranslates_error_shape(demo_server, body, status, message):
     url, _ = demo_server

@@ -53,7 +53,8 @@ def test_suggestions_are_stored_as_libretranslate_stores_them(tmp_path):
     ({"q": "a", "s": "b", "target": "fr"}, "Invalid request: missing source parameter"),
     ({"q": "a", "s": "b", "source": "en"}, "Invalid request: missing target parameter"),
     ({"q": "a", "s": "b", "source": "../../x", "target": "fr"}, "Invalid request: ../../x is not a language code"),
-    ({"q": "a" * 30, "s": "b", "source": "en", "target": "fr"}, "31 characters in one request; at most 20"),
+    ({"q": "a" * 30, "s": "b", "source": "en", "target": "fr"},
+     "Invalid request: request (31) exceeds text limit (20)"),
 ])
 def test_a_bad_suggestion_is_refused_and_not_stored(tmp_path, body, message):
     db = tmp_path / "s.db"

@@ -9,13 +9,14 @@ metrics, draining, a log line per request, a JSON 500 for a bug. Every error of 
 APIs' own, Starlette's (404, 405, a malformed form) and a bug's. The API docs are at /docs and /openapi.json
 (`api_document`: FastAPI's, with the server's ranges, bodies and languages).
 
-With API keys (`read_api_keys`) every path but /healthz, /readyz, the API docs, LibreTranslate's open ones and
-(unless `protect_metrics`) /metrics needs `Authorization: Bearer KEY`: 401 otherwise; LibreTranslate's /translate
-and /detect take the key in their `api_key` field too. The models are opened in the app's lifespan, so the same
-app runs under uvicorn (`serve`) and as a Ray Serve ingress (`twostep.serving.ray_app`). On SIGTERM `serve` first
-drains for `shutdown_delay_s`, if given: /readyz answers 503 at once while requests are still answered (with
-`Connection: close`), so that load balancers stop sending them here; then uvicorn stops accepting, answers what is
-in flight, and the lifespan closes the models. A second SIGTERM or Ctrl-C skips the delay.
+With API keys (`read_api_keys`, or a keys database: twostep.serving.keys) every path but /healthz, /readyz, the
+API docs, LibreTranslate's open ones and (unless `protect_metrics`) /metrics needs `Authorization: Bearer KEY`: 401
+otherwise; LibreTranslate's /translate and /detect take the key in their `api_key` field too. The models are opened
+in the app's lifespan, so the same app runs under uvicorn (`serve`) and as a Ray Serve ingress
+(`twostep.serving.ray_app`). On SIGTERM `serve` first drains for `shutdown_delay_s`, if given: /readyz answers 503
+at once while requests are still answered (with `Connection: close`), so that load balancers stop sending them
+here; then uvicorn stops accepting, answers what is in flight, and the lifespan closes the models. A second
+SIGTERM or Ctrl-C skips the delay.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def build_app(config: ServeConfig, loader: Optional[Loader] = None) -> FastAPI:
     app.openapi = api_document(app, service)
 
     # the last added is the outermost: the log and the metrics see every request, the 401s too
-    if config.api_key_digests:
+    if config.keyed:
         open_paths = OPEN_PATHS | libretranslate.PATHS  # which take their key in the body too, and check it
-        app.add_middleware(RequireKey, digests=config.api_key_digests,
+        app.add_middleware(RequireKey, known=lambda key: service.key_limits(key) is not None,
                            open_paths=open_paths if config.protect_metrics else open_paths | {"/metrics"})
     app.add_middleware(Drain, draining=lambda: service.draining)
     app.add_middleware(RequestLog, apis={"/v1/translate": "v1", "/translate": "libretranslate"},
@@ -106,13 +107,13 @@ def api_document(app: FastAPI, service: Service) -> Callable[[], dict]:
                      "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
             config = service.config
             open_paths = OPEN_PATHS | ({"/metrics"} if not config.protect_metrics else set())
-            if config.api_key_digests:
+            if config.keyed:
                 document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             for path, operations in document["paths"].items():
                 for operation in operations.values():
                     operation["responses"].pop("422", None)
                     operation["responses"].setdefault("500", error)
-                    if not config.api_key_digests or path in open_paths:
+                    if not config.keyed or path in open_paths:
                         continue
                     if path in libretranslate.PATHS:  # the key in the body (api_key) or the header
                         operation["security"] = [{"bearer": []}, {}]

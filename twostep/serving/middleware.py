@@ -1,12 +1,10 @@
 """The middleware every API of `twostep serve` shares, each plain ASGI (Starlette's BaseHTTPMiddleware costs a
 task and a stream per request, and reads bodies it need not): a JSON 500 for an unexpected exception, its
 traceback logged once (ServerErrors), one log line per request, with each translation API's request count and
-latency (RequestLog), `Connection: close` while draining (Drain), and API keys (RequireKey, `known_key`)."""
+latency (RequestLog), `Connection: close` while draining (Drain), and API keys (RequireKey)."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -111,15 +109,6 @@ class Drain:
         await self.app(scope, receive, sending)
 
 
-def known_key(digests: tuple[bytes, ...], key: bytes) -> bool:
-    """Whether `key` is one of the server's keys (given as SHA-256 digests). The digest of the key sent is
-    compared with every key's, each in constant time and with no early exit: the time taken tells neither
-    whether nor which key matched."""
-    digest = hashlib.sha256(key.strip()).digest()
-    matches = [hmac.compare_digest(digest, known) for known in digests]  # all of them, always
-    return any(matches)
-
-
 def bearer_key(scope) -> bytes | None:
     """The key of an `Authorization: Bearer KEY` header, else None."""
     scheme, _, key = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
@@ -128,18 +117,18 @@ def bearer_key(scope) -> bytes | None:
 
 class RequireKey:
     """401 (with `WWW-Authenticate: Bearer`) for a request without `Authorization: Bearer KEY` of one of the
-    server's keys, on every path but `open_paths` (an API that takes its key elsewhere, as LibreTranslate's
-    `api_key` field, checks it itself with `known_key`); no body is read first."""
+    server's keys (`known(key)`: Service.key_limits), on every path but `open_paths` (an API that takes its key
+    elsewhere, as LibreTranslate's `api_key` field, checks it itself); no body is read first."""
 
-    def __init__(self, app, digests: tuple[bytes, ...], open_paths: set[str]):
-        self.app, self.digests, self.open_paths = app, digests, open_paths
+    def __init__(self, app, known: Callable[[bytes], bool], open_paths: set[str]):
+        self.app, self.known, self.open_paths = app, known, open_paths
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = routed_path(scope)
         key = bearer_key(scope)
-        if path in self.open_paths or (key is not None and known_key(self.digests, key)):
+        if path in self.open_paths or (key is not None and self.known(key)):
             return await self.app(scope, receive, send)
         from twostep.serving.service import error
 

@@ -6,7 +6,7 @@ replicas, and autoscaling adds replicas as their queues grow).
                   [--port 8000]
     serve run twostep.serving.ray_app:app_builder model_dir=ART[,ART...] [backend=ort-cpu] [replicas=2] [num_cpus=1]
               [max_loaded=M] [batching=static] [max_wait_ms=2] [express_tokens=11] [any other BatchLimits
-              field=value] [api_key_file=KEYS] [protect_metrics=true] [graceful_shutdown_timeout_s=20]
+              field=value] [api_key_file=KEYS] [api_key_db=DB] [protect_metrics=true] [graceful_shutdown_timeout_s=20]
 
 The models a replica holds are Ray Serve's model multiplexing's (`replica_app`): the Catalog routes each request's
 pair to a model (or two, through the pivot) as under uvicorn, and the replica's pool asks for that model by its
@@ -18,7 +18,9 @@ name, as GET /v1/languages lists it) or with a handle's `.options(multiplexed_mo
 that has it loaded, where Ray finds one; a request without it goes to any replica, which loads what it needs.
 
 Every node of the cluster needs twostep installed and ART at the same path. Needs `pip install 'twostep[ray]'`.
-API keys are read where the app is built and travel to the replicas as digests (ServeConfig). On shutdown Ray
+API keys are read where the app is built and travel to the replicas as digests (ServeConfig); a keys database
+(api_key_db=) is opened by each replica, at the same path. Each replica counts its clients' requests a minute
+(--req-limit, a key's own) on its own. On shutdown Ray
 Serve drains its replicas its own way (SHUTDOWN_KEYS): `twostep serve`'s --shutdown-delay is uvicorn's.
 """
 
@@ -108,7 +110,7 @@ def deployment(config: ServeConfig, replicas: int = 1, num_cpus: float = 1.0,
 
 # app_builder's keys; then LIMIT_KEYS
 DEPLOYMENT_KEYS = ("model_dir", "backend", "threads", "max_loaded", "replicas", "num_cpus", "api_key_file",
-                   "protect_metrics", *SHUTDOWN_KEYS)
+                   "api_key_db", "protect_metrics", *SHUTDOWN_KEYS)
 
 
 def app_builder(args: dict[str, str]):
@@ -133,6 +135,7 @@ def serve_config(args: dict[str, str]) -> ServeConfig:
         raise ValueError(f"max_loaded= takes a number of models, 1 or more; got {max_loaded}")
     return ServeConfig(tuple(args["model_dir"].split(",")), args.get("backend"), threads,
                        BatchLimits.from_strings(limits), api_key_digests=read_api_keys(args.get("api_key_file")),
+                       api_key_db=args.get("api_key_db"),
                        protect_metrics=args.get("protect_metrics") == "true", max_loaded=max_loaded)
 
 

@@ -12,9 +12,10 @@ runs under uvicorn and as a Ray Serve ingress.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
+import math
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from twostep.runtime.decoding import DecodeOptions, Hypothesis
 from twostep.runtime.documents import DocumentPlan
 from twostep.serving.engine import Faulted, Metrics
 from twostep.serving.executor import BatchingTranslator, batching_advice, open_batching_translator
+from twostep.serving.keys import KeyDatabase, KeyLimits, key_digest, known_key
 from twostep.serving.limits import BatchLimits
 from twostep.serving.models import Catalog, Loader, Model, Pool, Route
 
@@ -45,18 +47,27 @@ class ServeConfig:
     threads: Optional[int] = None
     limits: BatchLimits = field(default_factory=BatchLimits)
     max_sentences: int = 64  # per request, after documents are split into sentences
-    max_chars: int = 20_000  # per request, all texts together
+    max_chars: int = 20_000  # per request, all texts together (--char-limit, LibreTranslate's name)
+    batch_limit: Optional[int] = None  # texts per request; None: no limit but max_sentences
+    alternatives_limit: Optional[int] = None  # LibreTranslate's alternatives per request; None: the beam limit's
+    req_limit: Optional[int] = None  # requests per minute per client (its key, else its address); None: no limit
     retry_after_s: int = 1
-    api_key_digests: tuple[bytes, ...] = field(default=(), repr=False)  # read_api_keys'; () is an open server
+    api_key_digests: tuple[bytes, ...] = field(default=(), repr=False)  # read_api_keys'
+    api_key_db: Optional[str] = None  # keys with limits of their own (twostep.serving.keys); neither: an open server
     protect_metrics: bool = False  # /metrics needs a key too
     pivot: Optional[str] = "en"  # the language a pair no model has goes through; None: no pivoting
     max_loaded: Optional[int] = None  # models loaded at once (the least recently used leaves); None: all, at start
     suggestions: Optional[str] = None  # LibreTranslate's POST /suggest stores into this SQLite file; None: off
 
     def __post_init__(self):
-        if self.protect_metrics and not self.api_key_digests:
+        if self.protect_metrics and not self.keyed:
             raise TwostepError(f"protecting /metrics needs API keys: give a key file (--api-key-file, api_key_file=) "
-                               f"or set {API_KEYS_ENV}")
+                               f"or a keys database (--api-key-db, api_key_db=), or set {API_KEYS_ENV}")
+
+    @property
+    def keyed(self) -> bool:
+        """Whether requests need a key: the server has keys (a file's, the environment's, a database's)."""
+        return bool(self.api_key_digests or self.api_key_db)
 
 
 def read_api_keys(path: Optional[Path] = None) -> tuple[bytes, ...]:
@@ -84,11 +95,27 @@ def read_api_keys(path: Optional[Path] = None) -> tuple[bytes, ...]:
         if not found:
             raise TwostepError(f"{API_KEYS_ENV} is set but holds no key; give keys separated by commas, or unset it")
         keys += found
-    return tuple(hashlib.sha256(key.encode()).digest() for key in keys)
+    return tuple(key_digest(key.encode()) for key in keys)
 
 
 class NotReady(TwostepError):
     """The model is loading, or the server is shutting down: retry (elsewhere)."""
+
+
+class OverLimit(TooLarge):
+    """A request over one of the server's size limits (characters, texts): its `size` and the `limit`."""
+
+    def __init__(self, message: str, size: int, limit: int):
+        super().__init__(message)
+        self.size, self.limit = size, limit
+
+
+class RateLimited(TwostepError):
+    """A client over its requests a minute (`limit`, as "60 per 1 minute"): retry after `retry_after_s`."""
+
+    def __init__(self, limit: str, retry_after_s: int):
+        super().__init__(f"too many requests: {limit}; retry in {retry_after_s} s")
+        self.limit, self.retry_after_s = limit, retry_after_s
 
 
 class PrometheusMetrics(Metrics):
@@ -175,6 +202,8 @@ class Service:
         self.catalog: Catalog | None = None
         self.pool: Pool | None = None
         self.detector = None  # opened on the first request that asks for detection
+        self.keys: KeyDatabase | None = None  # config.api_key_db, opened by lifespan
+        self.limiter = None  # the requests a minute of each client (`admit`), made by lifespan where there are any
         self.ready = False
         self.draining = False
 
@@ -195,6 +224,13 @@ class Service:
         catalog = Catalog.open([Path(d) for d in config.model_dirs], config.pivot)
         pool = Pool(self.open_model, config.max_loaded, self.loader)
         self.catalog, self.pool = catalog, pool  # the loader's too
+        if config.api_key_db:
+            self.keys = KeyDatabase(config.api_key_db)
+        if config.api_key_db or config.req_limit:
+            from limits.storage import MemoryStorage
+            from limits.strategies import MovingWindowRateLimiter
+
+            self.limiter = MovingWindowRateLimiter(MemoryStorage())
         for model in catalog.models[:config.max_loaded]:
             await pool.load(model)
         self.metrics.queue.set_function(pool.queue_depth)
@@ -206,6 +242,8 @@ class Service:
         finally:
             self.ready = False
             await pool.close()  # queued and running sentences finish first
+            if self.keys is not None:
+                self.keys.close()
             log.info("stopped")
 
     @property
@@ -226,11 +264,43 @@ class Service:
     def route(self, source: str | None, target: str | None) -> Route:
         return self.running().route(source, target)
 
-    def check_size(self, texts: Sequence, unit: str = "characters") -> None:
-        """A request's size against max_chars (characters of all its texts, or token ids): TooLarge beyond."""
-        size = sum(map(len, texts))
-        if size > self.config.max_chars:
-            raise TooLarge(f"{size} {unit} in one request; at most {self.config.max_chars}")
+    def key_limits(self, key: bytes) -> KeyLimits | None:
+        """The limits of `key` if it is one of the server's, else None: a key file's (or TWOSTEP_API_KEYS')
+        has the server's limits, a database's its own (twostep.serving.keys)."""
+        if known_key(self.config.api_key_digests, key):
+            return KeyLimits()
+        return self.keys.lookup(key) if self.keys is not None else None
+
+    def admit(self, scope, key: bytes | None, own: KeyLimits | None = None, cost: int = 1) -> int:
+        """Count a request of `cost` (a list's texts, as LibreTranslate counts them) against its client's requests
+        a minute, in a moving window: its key's own (`own`), else the server's req_limit; the client is its
+        key where it sent one, else its address (the ASGI `scope`'s client: behind a proxy that uvicorn trusts,
+        FORWARDED_ALLOW_IPS, the proxy's X-Forwarded-For). RateLimited beyond. The characters the request
+        may hold: its key's, else max_chars. LibreTranslate's get_req_limits and get_char_limit."""
+        own = own or KeyLimits()
+        req_limit = own.req_limit or self.config.req_limit
+        if req_limit and self.limiter is not None:
+            from limits import RateLimitItemPerMinute
+
+            item = RateLimitItemPerMinute(req_limit)
+            client = key_digest(key).hex() if key is not None else (scope.get("client") or ("unknown",))[0]
+            if not self.limiter.hit(item, client, cost=cost):
+                reset = self.limiter.get_window_stats(item, client).reset_time
+                raise RateLimited(str(item), max(1, math.ceil(reset - time.time())))
+        return own.char_limit or self.config.max_chars
+
+    def check_size(self, texts: Sequence, unit: str = "characters", limit: int | None = None) -> None:
+        """A request's size against `limit` (None: max_chars): characters of all its texts, or token ids;
+        OverLimit beyond."""
+        size, limit = sum(map(len, texts)), limit or self.config.max_chars
+        if size > limit:
+            raise OverLimit(f"{size} {unit} in one request; at most {limit}", size, limit)
+
+    def check_batch(self, texts: Sequence) -> None:
+        """A request's texts against batch_limit: OverLimit beyond."""
+        if self.config.batch_limit is not None and len(texts) > self.config.batch_limit:
+            raise OverLimit(f"{len(texts)} texts in one request; at most {self.config.batch_limit}", len(texts),
+                            self.config.batch_limit)
 
     def check_sentences(self, count: int) -> None:
         """A request's sentences (after documents are split) against max_sentences: TooLarge beyond."""
@@ -238,12 +308,13 @@ class Service:
             raise TooLarge(f"{count} sentences in one request; at most {self.config.max_sentences}")
 
     def encode(self, translator: BatchingTranslator, texts: Sequence[str], src_lang: str | None,
-               tgt_lang: str | None, split: bool = True) -> tuple[list[list[int]], DocumentPlan]:
-        """Texts to the source ids of their sentences, checked against the admission limits (max_chars before,
-        max_sentences after splitting), and the plan that joins the sentences' translations back into texts.
-        `split`: each text a document, split into sentences (twostep.runtime.documents); else each text one
-        sentence."""
-        self.check_size(texts)
+               tgt_lang: str | None, split: bool = True,
+               max_chars: int | None = None) -> tuple[list[list[int]], DocumentPlan]:
+        """Texts to the source ids of their sentences, checked against the admission limits (max_chars, or the
+        client's `max_chars` (`admit`), before, max_sentences after splitting), and the plan that joins the
+        sentences' translations back into texts. `split`: each text a document, split into sentences
+        (twostep.runtime.documents); else each text one sentence."""
+        self.check_size(texts, limit=max_chars)
         self.check_sentences(len(texts))  # before the work of splitting, as after it
         if split:
             sources, plan = translator.translator.encode_documents(texts, src_lang, tgt_lang)
@@ -259,14 +330,14 @@ class Service:
         return translator.submit_ids(sources, options, tgt_lang)
 
     async def translate(self, texts: Sequence[str], route: Route, options: Options, split: bool = True,
-                        request=None) -> Translated | None:
+                        request=None, max_chars: int | None = None) -> Translated | None:
         """`texts` translated along `route`: its first leg's sentences (each text a document with `split`) are
         queued in that model's running batches; a pivot's second leg takes each sentence's best translation as
         one sentence of its own. `options(translator, last)`: how each leg decodes. None once the client (the
         Starlette `request`, if given) has gone away: its rows were dropped. Raises what a leg is refused or
-        fails with."""
+        fails with. `max_chars`: the client's (`admit`); None: the server's."""
         if not route.legs:  # one language: the texts as they came
-            self.check_size(texts)
+            self.check_size(texts, limit=max_chars)
             return Translated(DocumentPlan.sentences_of(texts), [[Hypothesis([], 0.0)] for _ in texts],
                               [[t] for t in texts])
         plan, current, results, ranked = None, list(texts), [], []
@@ -274,7 +345,7 @@ class Service:
             async with self.pool.use(leg.model) as translator:
                 opts = options(translator, i == len(route.legs) - 1)
                 if plan is None:
-                    sources, plan = self.encode(translator, current, leg.source, leg.target, split)
+                    sources, plan = self.encode(translator, current, leg.source, leg.target, split, max_chars)
                 else:
                     sources = translator.encode(current, leg.source, leg.target)
                 future = asyncio.wrap_future(self.submit(translator, sources, opts, leg.target))
@@ -318,20 +389,27 @@ class Service:
 @dataclass(frozen=True)
 class Refused:
     """How an API words the service's refusals: a status for each kind of error (the first that the error is
-    an instance of), and the error's message in a JSON body {"error": ...}; Retry-After with 503 and 429. A
+    an instance of), and the error's message in a JSON body {"error": ...}; Retry-After with 503 and 429 (a
+    RateLimited's own seconds). A
     request whose decode raised (engine.Faulted: logged with its traceback where it happened) is a 500."""
 
     statuses: Mapping[type, int]
+    words: Mapping[type, Callable[[Exception], str]] = field(default_factory=dict)  # the API's own, by kind
 
     def status(self, exc: Exception) -> int:
         return next((status for kind, status in self.statuses.items() if isinstance(exc, kind)), 400)
 
     def response(self, service: Service, exc: Exception, message: str | None = None):
         status = self.status(exc)
-        return error(status, message or str(exc), **(service.retry_after if status in (429, 503) else {}))
+        worded = next((words for kind, words in self.words.items() if isinstance(exc, kind)), None)
+        message = message or (worded(exc) if worded else None)
+        retry = ({"Retry-After": str(exc.retry_after_s)} if isinstance(exc, RateLimited) else
+                 service.retry_after if status in (429, 503) else {})
+        return error(status, message or str(exc), **retry)
 
 
-V1_REFUSED = Refused({Faulted: 500, NotReady: 503, Overloaded: 503, TooLarge: 413, BadInput: 400, TwostepError: 400})
+V1_REFUSED = Refused({Faulted: 500, NotReady: 503, Overloaded: 503, RateLimited: 429, TooLarge: 413, BadInput: 400,
+                      TwostepError: 400})
 FAILED = (TwostepError, Faulted)  # what a request's decode ends with other than its answer: each API words it
 
 

@@ -19,11 +19,13 @@ best of an n-best beam search (each sentence's k-th best, joined), none for html
 text nodes and keeps the tags; a text with nothing to translate (no letter or digit: an emoji, punctuation) comes
 back as it came. `source: auto` detects each text's language among those the server translates from (LibreTranslate
 detects one for a whole list: here each text has its own, so `detectedLanguage` is a list for a list). Errors are
-LibreTranslate's shape, {"error": message}, in its words where its tests assert them: 400 for a bad request (and,
-as LibreTranslate, for one over the size limits), 403 for an api_key that is not one of the server's, 429 while the
-queue is full, 503 while loading or shutting down; 405 for a wrong method; 500 for a bug. With API keys,
-/translate and /detect take the key as `api_key` or as the Bearer header; the other paths are open, as in
-LibreTranslate. The API document states what /translate and /detect take, as JSON and as forms (`describe`).
+LibreTranslate's shape, {"error": message}, in its words where its tests or app.py have them: 400 for a bad request
+(and, as LibreTranslate, for one over the size limits: "Invalid request: request (N) exceeds text limit (M)" for
+the characters and the texts), 403 for an api_key that is not one of the server's, 429 while the queue is full or a
+client is over its requests a minute ("Slowdown: 60 per 1 minute"), 503 while loading or shutting down; 405 for a
+wrong method; 500 for a bug. With API keys, /translate and /detect take the key as `api_key` or as the Bearer
+header; the other paths are open, as in LibreTranslate. The API document states what /translate and /detect
+take, as JSON and as forms (`describe`).
 """
 
 from __future__ import annotations
@@ -40,15 +42,29 @@ from twostep.errors import BadInput, Overloaded, TwostepError
 from twostep.runtime.markup import parse_html
 from twostep.serving.api import refusals
 from twostep.serving.engine import Faulted
-from twostep.serving.middleware import bearer_key, known_key
+from twostep.serving.keys import KeyLimits
+from twostep.serving.middleware import bearer_key
 from twostep.serving.models import Catalog, Route, Unsupported, described
-from twostep.serving.service import FAILED, NotReady, Refused, ServeConfig, Service, Translated, error
+from twostep.serving.service import (
+    FAILED,
+    NotReady,
+    OverLimit,
+    RateLimited,
+    Refused,
+    ServeConfig,
+    Service,
+    Translated,
+    error,
+)
 from twostep.serving.suggestions import CODE, Suggestions
 
 PATHS = frozenset({"/translate", "/detect"})  # which check their key themselves (in the body, or the header)
 OPEN = frozenset({"/languages", "/frontend/settings", "/health", "/spec", "/suggest"})  # open with keys, as LT's
 ALIASES = {"zt": "zh-Hant", "pb": "pt-BR"}  # LibreTranslate's own codes (its libretranslate/language.py)
-REFUSED = Refused({Faulted: 500, NotReady: 503, Overloaded: 429, TwostepError: 400})
+REFUSED = Refused({Faulted: 500, NotReady: 503, Overloaded: 429, RateLimited: 429, TwostepError: 400}, {
+    # LibreTranslate's words (its app.py: flask-limiter's limit after its "Slowdown:"; its size limits')
+    RateLimited: lambda exc: f"Slowdown: {exc.limit}",
+    OverLimit: lambda exc: f"Invalid request: request ({exc.size}) exceeds text limit ({exc.limit})"})
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default --frontend-timeout
 
 
@@ -73,17 +89,28 @@ async def fields(request: Request) -> dict:
     return dict(await request.form())
 
 
-def check_key(service: Service, request: Request, body: dict) -> None:
-    digests = service.config.api_key_digests
-    if not digests:
-        return
+def check_key(service: Service, request: Request, body: dict) -> tuple[bytes | None, KeyLimits | None]:
+    """The request's key (api_key, or the Bearer header) and its limits (Service.key_limits); (None, None) on a
+    server without keys."""
+    if not service.config.keyed:
+        return None, None
     given = body.get("api_key")
     key = given.encode() if isinstance(given, str) and given else bearer_key(request.scope)
     if key is None:
         raise KeyRefused("Invalid request: this server needs an API key: send it as api_key (or in the header "
                          "Authorization: Bearer KEY); ask the server's operator for one", 400)
-    if not known_key(digests, key):
+    limits = service.key_limits(key)
+    if limits is None:
         raise KeyRefused("Invalid API key", 403)
+    return key, limits
+
+
+def admitted(service: Service, request: Request, body: dict, cost: int = 1) -> int:
+    """The request's key checked (check_key) and the request counted against its client's requests a minute
+    (Service.admit; `cost`: a list's texts for /translate, as LibreTranslate counts them): the characters it may
+    hold."""
+    key, limits = check_key(service, request, body)
+    return service.admit(request.scope, key, limits, cost)
 
 
 def texts_of(body: dict) -> tuple[list[str], bool]:
@@ -134,8 +161,9 @@ class Ask:
     alternatives: int  # asked for: html answers an empty list each, as LibreTranslate
 
     @classmethod
-    def of(cls, body: dict, most_alternatives: int) -> Ask:
-        """`most_alternatives`: the server's limit (`alternatives_limit`), as LibreTranslate's --alternatives-limit."""
+    def of(cls, body: dict, most_alternatives: int, why: str = "") -> Ask:
+        """`most_alternatives`: the server's limit (`alternatives_limit`), as LibreTranslate's --alternatives-limit;
+        `why`: what the refusal adds to LibreTranslate's words."""
         texts, one = texts_of(body)
         source, target = language(body.get("source"), "source"), language(body.get("target"), "target")
         try:
@@ -143,9 +171,7 @@ class Ask:
         except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400, which JSON reads as infinity
             raise BadInput("Invalid request: alternatives parameter is not a number") from None
         if alternatives > most_alternatives:
-            raise BadInput(f"Invalid request: alternatives parameter must be <= {most_alternatives} (a translation "
-                           "and its alternatives are one beam search's best, and the server's beam limit is "
-                           f"{most_alternatives + 1}: twostep serve --max-beam and --max-batch-rows)")
+            raise BadInput(f"Invalid request: alternatives parameter must be <= {most_alternatives}{why}")
         markup = body.get("format") or "text"
         if markup not in ("text", "html"):
             raise BadInput(f"{markup} format is not supported")
@@ -162,10 +188,15 @@ class Ask:
         return " ".join(self.fragments[i].sources()) if self.fragments else self.texts[i]
 
 
-def alternatives_limit(config: ServeConfig) -> int:
-    """The most alternatives a request may ask for: a translation and its alternatives are one beam's best, and a
-    beam is at most the server's beam limit (BatchLimits.beam_limit)."""
-    return config.limits.beam_limit - 1
+def alternatives_limit(config: ServeConfig) -> tuple[int, str]:
+    """The most alternatives a request may ask for, and why where LibreTranslate's words do not say: the server's
+    --alternatives-limit, and at most the beam limit - 1 (a translation and its alternatives are one beam's
+    best, and a beam is at most BatchLimits.beam_limit)."""
+    beam = config.limits.beam_limit
+    if config.alternatives_limit is not None and config.alternatives_limit < beam:
+        return config.alternatives_limit, ""
+    return beam - 1, (f" (a translation and its alternatives are one beam search's best, and the server's beam limit "
+                      f"is {beam}: twostep serve --max-beam and --max-batch-rows)")
 
 
 def request_bodies(config: ServeConfig) -> tuple[dict, dict, dict]:
@@ -189,7 +220,7 @@ def request_bodies(config: ServeConfig) -> tuple[dict, dict, dict]:
                  "each text's, detected (the answer's detectedLanguage)."}, "target": code,
                  "format": {"type": "string", "enum": ["text", "html"], "default": "text", "description": "html: "
                             "the text nodes are translated, the tags kept."},
-                 "alternatives": {"type": "integer", "minimum": 0, "maximum": alternatives_limit(config),
+                 "alternatives": {"type": "integer", "minimum": 0, "maximum": alternatives_limit(config)[0],
                                   "default": 0, "description": "How many other translations to answer (none for "
                                   "html)."},
                  "api_key": api_key}
@@ -250,7 +281,7 @@ def settings_of(service: Service) -> dict:
     source = "auto" if auto else (sources[0] if sources else "auto")
     targets = sorted({t for direct, pivoted in reachable.values() for t in (*direct, *pivoted)})
     target = next((t for t in targets if t != source and t != catalog.pivot), targets[0] if targets else "")
-    keys = bool(service.config.api_key_digests)
+    keys = service.config.keyed  # a key is needed wherever there are keys (LibreTranslate: with an origin's)
     return {"charLimit": service.config.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": keys,
             "keyRequired": keys, "suggestions": service.config.suggestions is not None, "filesTranslation": False,
             "supportedFilesFormat": [],
@@ -270,10 +301,11 @@ def answers(schema: dict, refused: dict[int, str] | None = None) -> dict:
 
 def router(service: Service) -> APIRouter:
     routes = APIRouter(tags=["LibreTranslate"])
-    most_alternatives = alternatives_limit(service.config)
+    most_alternatives, why = alternatives_limit(service.config)
     loading = {503: "Loading or shutting down; see Retry-After"}
     refused = {400: "A bad request, or one over the size limits", 403: "An api_key that is not one of the "
-               "server's", 429: "The queue is full; see Retry-After", **loading}
+               "server's", 429: "The queue is full, or the client is over its requests a minute; see Retry-After",
+               **loading}
 
     def described_by(of):
         """What `of(service)` says of the server, or the refusal while it loads or shuts down."""
@@ -325,13 +357,13 @@ def router(service: Service) -> APIRouter:
 
     @routes.post("/detect",
                   responses=answers({"type": "array", "items": DETECTED, "description": "Best first"},
-                                    {status: refused[status] for status in (400, 403, 503)}))
+                                    {status: refused[status] for status in (400, 403, 429, 503)}))
     async def detect(request: Request):
         try:
             body = await fields(request)
-            check_key(service, request, body)
+            chars = admitted(service, request, body)
             texts, _ = texts_of(body)
-            service.check_size(texts)
+            service.check_size(texts, limit=chars)
             found = await service.detect(texts)
         except KeyRefused as exc:
             return error(exc.status, str(exc))
@@ -348,9 +380,11 @@ def router(service: Service) -> APIRouter:
     async def translate(request: Request):
         try:
             body = await fields(request)
-            check_key(service, request, body)
-            ask = Ask.of(body, most_alternatives)
-            service.check_size(ask.texts)
+            q = body.get("q")
+            chars = admitted(service, request, body, cost=max(1, len(q)) if isinstance(q, list) else 1)
+            ask = Ask.of(body, most_alternatives, why)
+            service.check_batch(ask.texts)  # LibreTranslate's order: the texts, then their characters
+            service.check_size(ask.texts, limit=chars)
             groups, detected = await plan(ask)
         except KeyRefused as exc:
             return error(exc.status, str(exc))
@@ -359,7 +393,7 @@ def router(service: Service) -> APIRouter:
         out: list = list(ask.texts)  # a text with nothing to translate stays as it came
         alternatives: list[list[str]] = [[] for _ in ask.texts]
         try:
-            done = await asyncio.gather(*(translated(ask, route, where, request) for route, where in groups))
+            done = await asyncio.gather(*(translated(ask, route, where, request, chars) for route, where in groups))
         except FAILED as exc:  # refused (an over-long sentence, the queue), or failed while decoding
             return REFUSED.response(service, exc)
         for (_, where), answers in zip(groups, done):
@@ -391,8 +425,9 @@ def router(service: Service) -> APIRouter:
         return [(routed(catalog, tag, ask.target), [todo[j] for j in where])
                 for tag, where in by_source.items()], detected
 
-    async def translated(ask: Ask, route: Route, where: list[int], request: Request) -> list | None:
-        """The translation and alternatives of each text of `where` along `route` (None: the client went away)."""
+    async def translated(ask: Ask, route: Route, where: list[int], request: Request, chars: int) -> list | None:
+        """The translation and alternatives of each text of `where` along `route` (None: the client went away);
+        `chars`: the characters the client's request may hold."""
         texts = [ask.texts[i] for i in where]
         fragments = [ask.fragments[i] for i in where] if ask.fragments else None
         nodes = [node for fragment in fragments for node in fragment.sources()] if fragments else texts
@@ -404,7 +439,7 @@ def router(service: Service) -> APIRouter:
                 options = replace(options, beam_size=max(options.beam_size, n), n_best=n)
             return options
 
-        done: Translated | None = await service.translate(nodes, route, options, request=request)
+        done: Translated | None = await service.translate(nodes, route, options, request=request, max_chars=chars)
         if done is None:
             return None
         plan = done.plan

@@ -8,8 +8,9 @@
 A request goes to the model that has its pair, or through the pivot language (twostep.serving.models);
 `src_lang: auto` detects each text's language (the answer's `detected`), its texts then routed by language.
 
-Bad JSON or fields: 400 {"error": ...}; too many sentences or characters, or too much work: 413; queue full or
-shutting down: 503 with Retry-After; a client gone before its answer: its rows leave the batch (499 logged); a
+Bad JSON or fields: 400 {"error": ...}; too many texts, sentences or characters, or too much work: 413; a client
+over its requests a minute (--req-limit, its key's): 429 with Retry-After; queue full or shutting down: 503 with
+Retry-After; a client gone before its answer: its rows leave the batch (499 logged); a
 bug: 500 {"error": ...} (twostep.serving.middleware.ServerErrors), or in a stream its `error` event. The API
 document states each option's range and the languages a request may name (`describe`).
 """
@@ -37,7 +38,7 @@ from twostep.runtime.decoding.options import BEAM_STOPS, BOUNDS
 from twostep.runtime.documents import DocumentPlan
 from twostep.runtime.streaming import Delta, Event, SentenceDone, TextDone, TextEvents
 from twostep.serving.api import refusals
-from twostep.serving.middleware import internal_error
+from twostep.serving.middleware import bearer_key, internal_error
 from twostep.serving.models import Catalog, Route, Unsupported, described
 from twostep.serving.service import FAILED, V1_REFUSED, Service, Translated, error, until_disconnected
 
@@ -340,17 +341,22 @@ def router(service: Service) -> APIRouter:
                  responses={200: {"content": {"text/event-stream": {"schema": STREAM_EVENT}},
                                   "description": "The translations; with stream, server-sent events as they decode: "
                                   "delta, sentence, text, then end (or error)"},
-                            **refusals({400: "Bad JSON, fields or input", 413: "Too large: more sentences or "
-                                        "characters than the server takes, or too much work (sentences x beam x "
-                                        "new tokens)", 503: "Loading, queue full or shutting down; see "
+                            **refusals({400: "Bad JSON, fields or input", 413: "Too large: more texts, sentences "
+                                        "or characters than the server takes, or too much work (sentences x beam x "
+                                        "new tokens)", 429: "Over the client's requests a minute; see Retry-After",
+                                        503: "Loading, queue full or shutting down; see "
                                         "Retry-After"})})
     async def translate(body: TranslateRequest, request: Request):
         if (body.text is None) == (body.ids is None):
             return error(400, "bad request: give either text or ids")
         try:
             catalog = service.running()
+            given = body.text if body.text is not None else body.ids
+            key = bearer_key(request.scope) if service.config.keyed else None  # RequireKey let it in
+            chars = service.admit(request.scope, key, key and service.key_limits(key), cost=len(given))
+            service.check_batch(given)
             if body.text is not None:
-                service.check_size(body.text)
+                service.check_size(body.text, limit=chars)
             groups, detected = await plan(catalog, body)
             if body.stream or body.ids is not None:
                 if body.stream and body.text is None:
@@ -359,9 +365,9 @@ def router(service: Service) -> APIRouter:
                     what = "stream" if body.stream else "ids"
                     raise BadInput(f"bad request: {what} needs one model for the request: its texts' languages "
                                    "route to several, or through the pivot language (or need none)")
-                return await direct(groups[0][0], body, request)
+                return await direct(groups[0][0], body, request, chars)
             done = await asyncio.gather(*(service.translate([body.text[i] for i in where], route, body.options,
-                                                            body.split, request) for route, where in groups))
+                                                            body.split, request, chars) for route, where in groups))
         except MissingLanguage as exc:  # named as the request's field, not the CLI's option
             return error(400, exc.worded(MissingLanguage.FIELDS[exc.side]))
         except Unsupported as exc:  # in twostep's words, which list the codes
@@ -389,17 +395,18 @@ def router(service: Service) -> APIRouter:
         detected = [{"language": tag, "confidence": float(confidence)} for tag, confidence in found]
         return [(catalog.route(tag, body.tgt_lang), where) for tag, where in by_source.items()], detected
 
-    async def direct(route: Route, body: TranslateRequest, request: Request):
-        """A request for one model's engine itself: token ids, or a stream."""
+    async def direct(route: Route, body: TranslateRequest, request: Request, chars: int):
+        """A request for one model's engine itself: token ids, or a stream; `chars`: the characters (or ids) the
+        client's request may hold."""
         leg = route.legs[0]
         entry = await service.pool.acquire(leg.model)
         translator = entry.translator
         try:
             options = body.options(translator)
             if body.text is not None:
-                sources, plan = service.encode(translator, body.text, leg.source, leg.target, body.split)
+                sources, plan = service.encode(translator, body.text, leg.source, leg.target, body.split, chars)
             else:
-                service.check_size(body.ids, "token ids")
+                service.check_size(body.ids, "token ids", chars)
                 sources = body.ids
             if body.stream:
                 service.check_sentences(len(sources))
