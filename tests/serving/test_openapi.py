@@ -124,3 +124,9 @@ def test_schemathesis_finds_no_server_error_and_no_validation_mismatch(documente
                   "POST /suggest"):  # both APIs, each served valid data
         assert any(rate["accepted"] for rate in found["valid_rates"][label].values()), (label, found["valid_rates"])
     assert "Traceback" not in "".join(proc.log)
+
+
+def test_frontend_settings_say_whether_suggestions_are_taken(documented):
+    """This server runs with --suggestions (the many-model server's test sees them off by default)."""
+    url, _ = documented
+    assert httpx.get(f"{url}/frontend/settings", timeout=30).json()["suggestions"] is True
