@@ -133,8 +133,9 @@ def test_auto_detects_each_texts_language(many, reference):
 
 
 @pytest.mark.parametrize("path, body, message", [
-    ("/translate", {"q": "Hola", "source": "es", "target": "en"}, "es is not supported"),
-    ("/translate", {"q": "Hello", "source": "en", "target": "de"}, "de is not supported"),
+    ("/translate", {"q": "Ciao", "source": "it", "target": "en"}, "it is not supported"),
+    ("/translate", {"q": "Hello", "source": "en", "target": "de"},
+     "German (de) is not available as a target language from English (en)"),
     ("/translate", {"q": "Привет, как дела? Сегодня хорошая погода.", "source": "auto", "target": "fr"},
      "the language of text 1 is none of those this server translates from (de, en): name the source"),
     ("/detect", {}, "Invalid request: missing q parameter"),
