@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +14,11 @@ pytest.importorskip("fastapi", reason="serving needs its extra (pip install -e '
 libretranslatepy = pytest.importorskip("libretranslatepy", reason="LibreTranslate's client (pip install -e '.[dev]')")
 
 from serving_helpers import post, server  # noqa: E402
+from twostep.artifact.tokenizer import Languages, TargetLanguage  # noqa: E402
 from twostep.runtime.decoding import DecodeOptions  # noqa: E402
 from twostep.runtime.translator import open_translator  # noqa: E402
-from twostep.serving.api.libretranslate import formatted  # noqa: E402
+from twostep.serving.api.libretranslate import formatted, listed  # noqa: E402
+from twostep.serving.models import Catalog, Model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +56,27 @@ def reference(demo_artifact):
 ])
 def test_text_is_formatted_as_libretranslate_formats_it(source, translation, answer):
     assert formatted(source, translation) == answer
+
+
+def packages(*pairs: str) -> Catalog:
+    """A server of Argos packages of these pairs ("en-fr"), as their manifests name their languages."""
+    return Catalog.of([Model(pair, Path("/models") / pair, Languages(source={pair.split("-")[0]: ()},
+                                                                      target={pair.split("-")[1]: TargetLanguage()}))
+                       for pair in pairs])
+
+
+def test_languages_are_listed_as_libretranslate_lists_argostranslates():
+    """What LibreTranslate 1.9.6 answers for packages of these pairs, measured with its argostranslate
+    (argos-translate-lt 1.12.1, get_installed_languages): every language a package translates from or into, English
+    first, then by name; each with the targets it reaches, itself included (its identity translation) and through
+    English, sorted by LibreTranslate's own codes (pb before pl: pt-BR is its pb) and named by standard tags."""
+    assert listed(packages("en-fr", "de-en")) == [
+        {"code": "en", "name": "English", "targets": ["en", "fr"]},
+        {"code": "fr", "name": "French", "targets": ["fr"]},
+        {"code": "de", "name": "German", "targets": ["de", "en", "fr"]}]
+    assert [(lang["code"], lang["targets"]) for lang in listed(packages("en-zh_Hant", "pt_BR-en", "en-fr", "en-pl"))] \
+        == [("en", ["en", "fr", "pl", "zh-Hant"]), ("zh-Hant", ["zh-Hant"]), ("fr", ["fr"]), ("pl", ["pl"]),
+            ("pt-BR", ["en", "fr", "pt-BR", "pl", "zh-Hant"])]
 
 
 def refusal(call) -> tuple[int, str]:
@@ -154,7 +178,7 @@ def test_api_key_in_the_body_or_the_header(demo_artifact, reference):
 
 
 def test_an_argos_package_serves_argostranslates_text(argos_artifact, ct2_models):
-    """`twostep serve` on an imported Argos package, as LibreTranslate serves it: its language pair listed, and
+    """`twostep serve` on an imported Argos package, as LibreTranslate serves it: its languages listed, and
     LibreTranslate's client and /v1/translate get argostranslate's text with no decoding options."""
     import ct2_models as build
 
@@ -162,7 +186,8 @@ def test_an_argos_package_serves_argostranslates_text(argos_artifact, ct2_models
     expected = [text for text, _ in build.argos_reference(ct2_models.argos_dir, sentences)]
     with server(argos_artifact) as (url, proc):
         client = libretranslatepy.LibreTranslateAPI(url)
-        assert [(lang["code"], lang["targets"]) for lang in client.languages()] == [("en", ["fr"])]
+        assert [(lang["code"], lang["targets"]) for lang in client.languages()] == [("en", ["en", "fr"]),
+                                                                                  ("fr", ["fr"])]  # as LibreTranslate
         assert [client.translate(s, "en", "fr") for s in sentences] == [formatted(s, t)
                                                                         for s, t in zip(sentences, expected)]
         answer = post(url, {"text": sentences, "src_lang": "en", "tgt_lang": "fr", "split": False})

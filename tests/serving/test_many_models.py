@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 
 ENGLISH = ["The weather is nice today.", "I would like a cup of coffee, please."]
 GERMAN = ["Das Wetter ist heute sehr schön.", "Ich möchte bitte eine Tasse Kaffee trinken."]
+FRENCH = "Je voudrais réserver une table pour deux personnes ce soir, s'il vous plaît."  # a target only
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,11 @@ def many(pairs, tmp_path_factory):
 def test_libretranslate_client_reaches_each_pair_and_the_pivot(many, reference):
     url, proc = many
     client = libretranslatepy.LibreTranslateAPI(url)
-    listed = {language["code"]: language["targets"] for language in client.languages()}
-    assert listed == {"de": ["en", "es", "fr"], "en": ["es", "fr"]}
+    # what LibreTranslate 1.9.6 lists for these three packages (argostranslate's languages: each with itself)
+    assert client.languages() == [{"code": "en", "name": "English", "targets": ["en", "es", "fr"]},
+                                  {"code": "fr", "name": "French", "targets": ["fr"]},
+                                  {"code": "de", "name": "German", "targets": ["de", "en", "es", "fr"]},
+                                  {"code": "es", "name": "Spanish", "targets": ["es"]}]
     for _ in range(2):  # three models, two loaded: each round loads one anew
         for source, target in (("en", "fr"), ("de", "en"), ("en", "es"), ("de", "fr")):
             texts = ENGLISH if source == "en" else GERMAN
@@ -109,6 +113,15 @@ def test_auto_detects_each_texts_language(many, reference):
     assert [d["language"] for d in detected] == sorted((d["language"] for d in detected),
                                                        key=lambda lang: -next(d["confidence"] for d in detected
                                                                               if d["language"] == lang))
+    # a language the server only translates into is detected too (LibreTranslate detects among all it lists),
+    # and translated as LibreTranslate translates it: to itself as it came, to another not at all
+    assert client.detect(FRENCH)[0]["language"] == "fr"
+    assert httpx.post(f"{url}/detect", json={"q": [FRENCH, FRENCH]}, timeout=60).json()[0]["language"] == "fr"
+    itself = httpx.post(f"{url}/translate", json={"q": FRENCH, "source": "auto", "target": "fr"}, timeout=60).json()
+    assert itself["translatedText"] == FRENCH and itself["detectedLanguage"]["language"] == "fr"
+    r = httpx.post(f"{url}/translate", json={"q": FRENCH, "source": "auto", "target": "en"}, timeout=60)
+    assert (r.status_code, r.json()) == (400, {"error": "English (en) is not available as a target language from "
+                                                        "French (fr)"})
     # Mastodon: a list of html paragraphs, source auto, format html; it reads translatedText[i] and
     # detectedLanguage[i].language
     mastodon = {"q": [f"<p>{ENGLISH[0]}</p>", f"<p>{GERMAN[0]}</p>", "<p>🎉</p>"], "source": "auto", "target": "fr",
@@ -133,10 +146,11 @@ def test_auto_detects_each_texts_language(many, reference):
 
 
 @pytest.mark.parametrize("path, body, message", [
-    ("/translate", {"q": "Hola", "source": "es", "target": "en"}, "es is not supported"),
-    ("/translate", {"q": "Hello", "source": "en", "target": "de"}, "de is not supported"),
+    ("/translate", {"q": "Ciao", "source": "it", "target": "en"}, "it is not supported"),
+    ("/translate", {"q": "Hello", "source": "en", "target": "de"},
+     "German (de) is not available as a target language from English (en)"),
     ("/translate", {"q": "Привет, как дела? Сегодня хорошая погода.", "source": "auto", "target": "fr"},
-     "the language of text 1 is none of those this server translates from (de, en): name the source"),
+     "the language of text 1 is none of this server's languages (de, en, es, fr): name the source"),
     ("/detect", {}, "Invalid request: missing q parameter"),
     ("/detect", {"q": []}, "Invalid request: missing q parameter"),
 ])
@@ -156,7 +170,8 @@ def test_a_pair_no_model_and_no_pivot_reaches_is_libretranslates_400(pairs):
         assert refused.value.code == 400
         assert json.loads(refused.value.read()) == {
             "error": "French (fr) is not available as a target language from German (de)"}
-        assert {lang["code"]: lang["targets"] for lang in client.languages()} == {"de": ["en"], "en": ["fr"]}
+        assert {lang["code"]: lang["targets"] for lang in client.languages()} == {
+            "en": ["en", "fr"], "fr": ["fr"], "de": ["de", "en"]}
 
 
 def test_two_artifacts_of_one_pair_are_refused_at_start(pairs, tmp_path):

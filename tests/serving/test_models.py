@@ -66,12 +66,29 @@ def test_an_unknown_language_is_refused_in_libretranslates_words_and_twosteps():
     with pytest.raises(Unsupported, match="^zz is not supported$") as refused:
         catalog.route("en", "zz")
     assert refused.value.plain == "unknown target language 'zz': the server's models have en, fr"
-    with pytest.raises(Unsupported, match="^fr is not supported$"):  # a target only: no model translates from it
-        catalog.route("fr", "en")
     with pytest.raises(BadInput, match="name both the source and the target"):
         catalog.route(None, "fr")
     with pytest.raises(BadInput, match="ambiguous target language 'en': it may be en_GB or en_IN"):
         Catalog.of([multilingual(["en_GB", "en_IN", "fr_XX"]), bilingual("de", "en")]).route("fr", "en")
+
+
+def test_every_language_of_a_model_reaches_itself_and_what_its_models_and_the_pivot_reach():
+    """argostranslate's installed languages, which LibreTranslate lists and routes: each language a model translates
+    from or into, with an identity translation to itself and composite ones through the pivot. A language only
+    translated into is a source to itself alone; from it to another, LibreTranslate's "not available"."""
+    catalog = Catalog.of([bilingual("en", "fr"), bilingual("de", "en")])
+    assert catalog.languages() == {"de": ["de", "en", "fr"], "en": ["en", "fr"], "fr": ["fr"]}
+    assert catalog.route("fr", "fr").legs == () and catalog.route("de", "de").legs == ()  # the text as it came
+    with pytest.raises(Unsupported, match=r"^English \(en\) is not available as a target language from French "
+                                          r"\(fr\)$"):
+        catalog.route("fr", "en")
+    with pytest.raises(Unsupported, match=r"^German \(de\) is not available as a target language from English "
+                                          r"\(en\)$"):
+        catalog.route("en", "de")
+    without = Catalog.of([bilingual("en", "fr"), bilingual("de", "en")], pivot=None)
+    assert without.languages() == {"de": ["de", "en"], "en": ["en", "fr"], "fr": ["fr"]}
+    nllb = Catalog.of([NLLB])
+    assert nllb.languages()["fr"] == ["de", "en", "fr", "zh-Hans", "zh-Hant"]
 
 
 def test_one_model_keeps_its_own_rules():
@@ -84,7 +101,8 @@ def test_one_model_keeps_its_own_rules():
     assert refused.value.plain == "unknown target language 'de': this model has fra"
     bare = Catalog.of([Model("demo", Path("/demo"), None)])
     assert legs(bare.route("en", "de", lenient=True)) == [("demo", None, None)]
-    assert bare.reachable() == {} and bare.source_tags() == []
+    assert bare.reachable() == {} and bare.source_tags() == [] and bare.languages() == {}
+    assert catalog.languages() == {}  # a side it names nothing for takes any code: no language to list
     nllb = Catalog.of([NLLB])
     assert legs(nllb.route(None, "fr")) == [("nllb", None, "fra_Latn")]  # the translator's default, or its refusal
 

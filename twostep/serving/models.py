@@ -10,7 +10,12 @@ gives what answers it:
   refused when the server starts, naming both: there is no rule to choose between them;
 - else two models through the pivot language (English unless the server says otherwise), as argostranslate
   composes them: the first model's best translation is the second's source;
-- the text itself where source and target are one language (argostranslate's identity translation).
+- the text itself where source and target are one language (argostranslate's identity translation), a language
+  the server only translates into included: as in argostranslate, it is a source of itself alone.
+
+`Catalog.languages` lists them so, each with every target it reaches: argostranslate's installed languages, as
+LibreTranslate lists them, except that argostranslate composes through any language and `route` through the pivot
+alone.
 
 A server of one model keeps that model's own rules: a side it names no languages for (a bilingual Marian, a
 checkpoint) takes any code. In a server of several every model must name its pair (`twostep import --src-lang
@@ -235,8 +240,8 @@ class Catalog:
 
     def route(self, source: str | None, target: str | None, lenient: bool = False) -> Route:
         """What answers a request from `source` to `target` (codes as the request gives them). Unsupported (a
-        BadInput) for a language no model has, in LibreTranslate's words ("zz is not supported"), and for a pair
-        that no model and no pivot reaches; a missing code where the model needs one is the translator's
+        BadInput) for a language no model has on either side, in LibreTranslate's words ("zz is not supported"),
+        and for a pair that no model and no pivot reaches; a missing code where the model needs one is the translator's
         MissingLanguage. A one-model server whose model names no languages on a side hands the code to the
         translator (which refuses it), or with `lenient` drops it: the model translates its one pair whatever
         the code says (LibreTranslate's clients always send both)."""
@@ -254,7 +259,10 @@ class Catalog:
             return Route((Leg(single, s, t),), single.names.get(s), single.names.get(t))
         if source is None or target is None:
             raise BadInput("this server holds several models: name both the source and the target language")
-        source_tag, target_tag = self.tag("source", source), self.tag("target", target)
+        # a language of the server on either side: one only translated into is a source of itself (the text as
+        # it came), as in argostranslate, and from it to another is "not available", not an unknown code
+        source_tag = self.tag("source", source) or self.tag("target", source)
+        target_tag = self.tag("target", target) or self.tag("source", target)
         for side, given, tag in (("source", source, source_tag), ("target", target, target_tag)):
             if tag is None:
                 known = sorted({m.names[c] for m in self.models for c in (m.sources if side == "source"
@@ -290,6 +298,19 @@ class Catalog:
                 pivoted = direct.get(self.pivot, set()) - targets - {s}
             out[s] = (sorted(targets), sorted(pivoted))
         return out
+
+    def languages(self) -> dict[str, list[str]]:
+        """Every language a model translates from or into (tags sorted), with each target a request from it
+        reaches (`route`): itself, its models' targets, those through the pivot. argostranslate's installed
+        languages, each with its identity and composite translations. Empty where a lone model names no language
+        on a side (it takes any code there)."""
+        return self._languages
+
+    @functools.cached_property
+    def _languages(self) -> dict[str, list[str]]:
+        reachable = self.reachable()
+        tags = sorted({tag for m in self.models for pair in m.pairs() for tag in pair})
+        return {tag: sorted({tag, *(t for targets in reachable.get(tag, ()) for t in targets)}) for tag in tags}
 
     def source_tags(self) -> list[str]:
         return list(self._source_tags)

@@ -357,28 +357,32 @@ class Service:
                 current = [r[0] if r else "" for r in ranked]
         return Translated(plan, results, ranked)
 
-    async def detect(self, texts: Sequence[str]) -> list[list[tuple[str, float]]]:
-        """Each text's source language among those the server translates from: candidates best first, (standard
-        tag, confidence 0-100); [] where none matches (twostep.runtime.detect). In a thread: it takes a while."""
+    async def detect(self, texts: Sequence[str],
+                     languages: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:
+        """Each text's language among `languages` (standard tags; by default those the server translates from):
+        candidates best first, (tag, confidence 0-100); [] where none matches (twostep.runtime.detect). In a
+        thread: it takes a while."""
         from twostep.runtime.detect import open_detector
 
-        languages = self.running().source_tags()
+        languages = self.running().source_tags() if languages is None else list(languages)
         if self.detector is None:
             self.detector = open_detector()
         return await asyncio.to_thread(self.detector.detect, list(texts), languages)
 
-    async def sources_of(self, texts: Sequence[str],
-                         field: str) -> tuple[list[tuple[str, float]], dict[str, list[int]]]:
-        """Each text's detected source language, (tag, confidence), for a request whose `field` says auto, and the
-        texts' indices by language (each language is one route). Where nothing matches: the server's one source
-        language with confidence 0, as LibreTranslate translates what it cannot detect; among several, a BadInput
-        that asks for `field`."""
+    async def sources_of(self, texts: Sequence[str], field: str, languages: Sequence[str] | None = None,
+                         ) -> tuple[list[tuple[str, float]], dict[str, list[int]]]:
+        """Each text's detected language, (tag, confidence), for a request whose `field` says auto, among
+        `languages` (by default those the server translates from), and the texts' indices by language (each
+        language is one route). Where nothing matches: the server's one source language with confidence 0, as
+        LibreTranslate translates what it cannot detect; among several, a BadInput that asks for `field`."""
         sources = self.running().source_tags()
+        among = sources if languages is None else list(languages)
         out = []
-        for i, candidates in enumerate(await self.detect(texts)):
+        for i, candidates in enumerate(await self.detect(texts, among)):
             if not candidates and len(sources) != 1:
-                raise BadInput(f"the language of text {i + 1} is none of those this server translates from "
-                               f"({', '.join(sources)}): name the {field}")
+                which = "those this server translates from" if languages is None else "this server's languages"
+                raise BadInput(f"the language of text {i + 1} is none of {which} ({', '.join(among)}): name the "
+                               f"{field}")
             out.append(candidates[0] if candidates else (sources[0], 0.0))
         by_language: dict[str, list[int]] = {}
         for i, (tag, _) in enumerate(out):

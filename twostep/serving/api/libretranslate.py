@@ -5,7 +5,7 @@ other client libraries, Mastodon, Weblate, the editor, chat and CMS plugins buil
                              alternatives, api_key; as JSON or form-encoded -> {"translatedText": ...,
                              ["alternatives": ...], ["detectedLanguage": ...]}
     POST /detect             q (a text or a list) -> [{"language": "fr", "confidence": 92.0}, ...], best first
-    GET  /languages          [{"code": "fr", "name": "French", "targets": ["en", ...]}, ...]
+    GET  /languages          [{"code": "en", "name": "English", "targets": ["en", "fr", ...]}, ...]
     GET  /frontend/settings  what LibreTranslate's web UI reads: charLimit, keyRequired, the default languages, ...
     POST /suggest            q, s (the suggested translation), source, target -> {"success": true}; with
                              --suggestions (else 403), stored in SQLite (twostep.serving.suggestions)
@@ -14,11 +14,15 @@ other client libraries, Mastodon, Weblate, the editor, chat and CMS plugins buil
 
 As LibreTranslate (its libretranslate/app.py and tests/test_api define the behaviour): each text is a document,
 split into sentences; codes are standard tags (fr, zh-Hans, and its own zt and pb) resolved to the models' codes
-(twostep.serving.models routes the pair to a model, or through the pivot language); `alternatives` are the next
-best of an n-best beam search (each sentence's k-th best, joined), none for html; format html translates the
-text nodes and keeps the tags; a text with nothing to translate (no letter or digit: an emoji, punctuation) comes
-back as it came. `source: auto` detects each text's language among those the server translates from (LibreTranslate
-detects one for a whole list: here each text has its own, so `detectedLanguage` is a list for a list). Errors are
+(twostep.serving.models routes the pair to a model, or through the pivot language); `alternatives` are the next best
+of an n-best beam search (each sentence's k-th best, joined), none for html; format html translates the text nodes
+and keeps the tags; a text with nothing to translate (no letter or digit: an emoji, punctuation) comes back as it
+came. /languages lists what LibreTranslate lists (argostranslate's installed languages): every language a model
+translates from or into, English first, then by name, each with every target it reaches, itself included (the text
+as it came) and through the pivot. /detect and `source: auto` detect among all of them, as LibreTranslate: a text in
+a language the server only translates into is translated to that language alone (as it came), to any other it is
+LibreTranslate's 400 "English (en) is not available as a target language from French (fr)". LibreTranslate detects
+one language for a whole list: here each text has its own, so `detectedLanguage` is a list for a list. Errors are
 LibreTranslate's shape, {"error": message}, in its words where its tests or app.py have them: 400 for a bad request
 (and, as LibreTranslate, for one over the size limits: "Invalid request: request (N) exceeds text limit (M)" for
 the characters and the texts), 403 for an api_key that is not one of the server's, 429 while the queue is full or a
@@ -245,9 +249,10 @@ def request_bodies(config: ServeConfig) -> tuple[dict, dict, dict]:
 def describe(document: dict, service: Service) -> None:
     """State in the API document (twostep.serving.http's) what /translate and /detect take, which FastAPI cannot
     see (their routes parse their bodies themselves, in `fields`): `request_bodies`; once the models are open, the
-    language codes /translate takes: each side's standard tags (as GET /languages lists them), LibreTranslate's
-    aliases of them, and auto for a source where the server detects; any code on a side where a one-model
-    server's model names no languages (it translates its one pair whatever the code says)."""
+    language codes /translate takes: on each side every language GET /languages lists (a language is a source
+    and a target of itself), LibreTranslate's aliases of them, and auto for a source where the server detects;
+    where a one-model server's model names no languages on a side, the codes of its other side, and any code on
+    that one (it translates its one pair whatever the code says)."""
     paths = document["paths"]
     paths["/translate"]["post"]["requestBody"], paths["/detect"]["post"]["requestBody"], \
         paths["/suggest"]["post"]["requestBody"] = request_bodies(service.config)
@@ -255,7 +260,8 @@ def describe(document: dict, service: Service) -> None:
         return
     catalog = service.running()
     for side in ("source", "target"):
-        tags = {m.names[c] for m in catalog.models for c in (m.sources if side == "source" else m.targets)}
+        tags = set(catalog.languages()) or {m.names[c] for m in catalog.models
+                                            for c in (m.sources if side == "source" else m.targets)}
         if not tags:
             continue
         codes = tags | {alias for alias, tag in ALIASES.items() if tag in tags}
@@ -265,11 +271,26 @@ def describe(document: dict, service: Service) -> None:
 
 
 def languages_of(service: Service) -> list[dict]:
-    """GET /languages: each source language the server translates from, by its standard tag where it has one,
-    with the targets it reaches (a pivot's too). A single model without source codes lists none (it takes any
-    source text)."""
-    return [{"code": source, "name": described(source)["name"] or source, "targets": sorted({*direct, *pivoted})}
-            for source, (direct, pivoted) in service.running().reachable().items()]
+    """GET /languages: `listed`."""
+    return listed(service.running())
+
+
+def listed(catalog: Catalog) -> list[dict]:
+    """The languages as LibreTranslate lists argostranslate's installed languages (its app.py langs(), 1.9.6):
+    every language a model translates from or into, by its standard tag where it has one, English first, then by
+    name; each with every target a request from it reaches (Catalog.languages: itself, its models' targets, those
+    through the pivot), in the order of LibreTranslate's own codes (pb, zh and zt for pt-BR, zh-Hans and zh-Hant).
+    A lone model that names no languages on a side lists none (it takes any code there)."""
+    languages = catalog.languages()
+    names = {tag: described(tag)["name"] or tag for tag in languages}
+    return [{"code": tag, "name": names[tag], "targets": sorted(languages[tag], key=own_code)}
+            for tag in sorted(languages, key=lambda tag: (tag != "en", names[tag], tag))]
+
+
+def own_code(tag: str) -> str:
+    """LibreTranslate's code for a standard tag (its iso2model): lower case, its own for pt-BR, zh-Hans, zh-Hant."""
+    tag = tag.lower()
+    return {"pt-br": "pb", "zh-hans": "zh", "zh-hant": "zt"}.get(tag, tag)
 
 
 def settings_of(service: Service) -> dict:
@@ -364,7 +385,7 @@ def router(service: Service) -> APIRouter:
             chars = admitted(service, request, body)
             texts, _ = texts_of(body)
             service.check_size(texts, limit=chars)
-            found = await service.detect(texts)
+            found = await service.detect(texts, list(service.running().languages()))
         except KeyRefused as exc:
             return error(exc.status, str(exc))
         except TwostepError as exc:
@@ -418,7 +439,7 @@ def router(service: Service) -> APIRouter:
             # an unknown code, or a pair without a route, fails the request whole
             route = routed(catalog, ask.source, ask.target)
             return ([(route, todo)] if todo else []), None
-        found, by_source = await service.sources_of([ask.words(i) for i in todo], "source")
+        found, by_source = await service.sources_of([ask.words(i) for i in todo], "source", list(catalog.languages()))
         detected = [{"confidence": 0.0, "language": fallback(catalog.source_tags())} for _ in ask.texts]
         for i, (tag, confidence) in zip(todo, found):
             detected[i] = {"confidence": float(confidence), "language": tag}
