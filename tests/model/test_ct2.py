@@ -207,6 +207,28 @@ def test_an_argos_package_imports_with_its_languages(ct2_models, tmp_path):
     assert all(np.array_equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
 
 
+def test_argos_own_codes_import_as_the_tags_libretranslate_shows(ct2_models, tmp_path):
+    """Argos's zt, pb and zh (LibreTranslate's codes) are recorded as zh-Hant, pt-BR and zh-Hans, so a server lists
+    them as LibreTranslate does and its zt and pb reach them; the package's own codes stay in its source."""
+    import ct2_models as build
+
+    from twostep.model.checkpoint import read_tokenizer
+    from twostep.model.sources import import_model
+    from twostep.serving.api.libretranslate import routed
+    from twostep.serving.models import Catalog, Model
+
+    for source, target, tags in (("zt", "pb", ("zh-Hant", "pt-BR")), ("en", "zh", ("en", "zh-Hans"))):
+        package = build.argos_package(ct2_models.ct2_int8, ct2_models.spm, tmp_path / source, source, target)
+        ckpt = import_model(package, tmp_path / f"{source}-ckpt")
+        languages = ckpt.info["tokenizer"]["languages"]
+        assert (list(languages["source"]), list(languages["target"])) == ([tags[0]], [tags[1]])
+        assert (ckpt.info["imported_from"]["from_code"], ckpt.info["imported_from"]["to_code"]) == (source, target)
+        catalog = Catalog.of([Model("p", tmp_path, read_tokenizer(tmp_path / f"{source}-ckpt").languages)])
+        assert sorted(catalog.languages()) == sorted(tags)
+        route = routed(catalog, source, target)  # as a LibreTranslate client names them
+        assert (route.source, route.target) == tags
+
+
 def test_src_lang_and_tgt_lang_name_a_ct2_models_pair_and_rename_an_argos_packages(ct2_models, tmp_path):
     """A CTranslate2 directory names no languages: `twostep import --src-lang --tgt-lang` names its pair, in the
     Argos shape (no token, the defaults); an Argos package's named pair may be renamed (its files' pt for pt-BR)."""

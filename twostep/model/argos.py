@@ -7,7 +7,9 @@ optionally target_prefix), `model/` (a CTranslate2 model directory: twostep.mode
 use: it splits documents itself). The languages go into the tokenizer section, and the decoding defaults are
 argostranslate's (translate.py's apply_packaged_translation): beam 4, length_penalty 0.2, CTranslate2's beam
 search, max_decoding_length 256; its text is SentencePiece's with "▁" and "_" as spaces and one leading space
-dropped (tokenizer.py). Older packages tokenized with Moses + BPE (`bpe.model`) are refused.
+dropped (tokenizer.py). Older packages tokenized with Moses + BPE (`bpe.model`) are refused. Argos's own codes
+are recorded as the standard tags LibreTranslate shows them as (its language.py aliases: zt is zh-Hant, pb pt-BR,
+zh zh-Hans), so a server lists and routes them as LibreTranslate does (and LibreTranslate's zt and pb reach them).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from twostep.errors import BadCheckpoint
 from twostep.files import read_json
 from twostep.model.ct2 import CT2Import, CT2Model, import_ct2
 from twostep.model.hf.common import Imported
+
+ARGOS_CODES = {"zt": "zh-Hant", "pb": "pt-BR", "zh": "zh-Hans"}  # LibreTranslate's language.py aliases
 
 # argostranslate's translate_batch settings (translate.py, apply_packaged_translation; settings.py's beam size)
 DECODING = {"beam_size": 4, "length_penalty": 0.2, "beam_stop": "ctranslate2", "max_new_tokens": 256,
@@ -103,7 +107,7 @@ def import_package(src: Path) -> Imported:
                                     "imports the SentencePiece packages (sentencepiece.model)")
             raise BadCheckpoint(f"{src}: no sentencepiece.model in the package")
         model_dir = root / "model"
-        source, target = metadata["from_code"], metadata["to_code"]
+        source, target = (ARGOS_CODES.get(metadata[key], metadata[key]) for key in ("from_code", "to_code"))
         how = CT2Import(
             source_spm=root / "sentencepiece.model",
             languages=Languages(source={source: ()}, target={target: TargetLanguage()}, default_source=source,
@@ -117,7 +121,8 @@ def import_package(src: Path) -> Imported:
     imported.notes.append("stanza/ (argostranslate's sentence splitter) is not used: twostep splits documents into "
                           "sentences itself")
     imported.decoding = dict(DECODING)
-    imported.source = {"package": metadata.get("code") or f"translate-{source}_{target}",
-                       "package_version": metadata.get("package_version"), "from_code": source, "to_code": target,
+    imported.source = {"package": metadata.get("code") or f"translate-{metadata['from_code']}_{metadata['to_code']}",
+                       "package_version": metadata.get("package_version"), "from_code": metadata["from_code"],
+                       "to_code": metadata["to_code"],
                        "from_name": metadata.get("from_name"), "to_name": metadata.get("to_name")}
     return imported
