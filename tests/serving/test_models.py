@@ -117,6 +117,27 @@ def test_models_that_cannot_share_a_server_are_refused_naming_them():
         Catalog.of([marian, bilingual("en", "fr")])
 
 
+def test_a_source_the_pivot_leads_back_to_is_not_its_own_pivoted_target():
+    """de -> en and en -> de: en reaches de, but de through en to de is no translation (de -> de is the identity)."""
+    catalog = Catalog.of([bilingual("de", "en"), bilingual("en", "de"), bilingual("en", "fr")])
+    assert catalog.reachable() == {"de": (["en"], ["fr"]), "en": (["de", "fr"], [])}
+    assert catalog.route("de", "de").legs == ()
+
+
+def test_equal_models_sharing_a_pair_that_a_smaller_one_answers_may_share_a_server():
+    """en+de -> fr and en+es -> fr share en -> fr, with two pairs each; the bilingual en -> fr answers it, whatever
+    the order given, so a rule chooses: the server starts, and each keeps its own other pair."""
+    def two(extra: str) -> Model:
+        return Model(f"{extra}_fr", Path("/models") / extra, Languages(source={"en": (), extra: ()},
+                                                                       target={"fr": TargetLanguage()}))
+
+    for models in ([two("de"), two("es"), bilingual("en", "fr")], [bilingual("en", "fr"), two("de"), two("es")]):
+        catalog = Catalog.of(models)
+        assert legs(catalog.route("en", "fr")) == [("en_fr", "en", "fr")]
+        assert legs(catalog.route("de", "fr")) == [("de_fr", "de", "fr")]
+        assert legs(catalog.route("es", "fr")) == [("es_fr", "es", "fr")]
+
+
 def test_a_tag_two_codes_of_a_model_share_is_no_name_for_either():
     model = multilingual(["eng_Latn", "en_XX", "fra_Latn"], "two-englishes")
     assert model.names == {"eng_Latn": "eng_Latn", "en_XX": "en_XX", "fra_Latn": "fr"}

@@ -249,6 +249,23 @@ def test_ctranslate2_rule(outputs):
     assert [t for t, _ in hyps] == [[4], [5]] and steps == 2
 
 
+@pytest.mark.parametrize("outputs", [False, True])
+def test_ctranslate2_rule_remembers_that_a_best_candidate_ended(outputs):
+    """length_penalty 0, n_best 2: CTranslate2's top_beam_finished is sticky. Step 2's best candidate [4, eos]
+    ends (one finished: on); step 3's best, [4, 5, 4], goes on but the second, [4, 5, eos], ends: two finished and
+    a best candidate ended at some step, so the sentence is done at step 3, not at the limit."""
+    from twostep.runtime.decoding import DecodeOptions
+
+    eos, low = SPECIALS.eos_id, -10.0
+    script = {(): {4: 2.0, 5: 1.0, eos: low, 1: low, 0: low},
+              (4,): {eos: 5.0, 5: 4.5, 4: low, 1: low, 0: low},
+              (5,): {4: 3.0, eos: low, 5: low, 1: low, 0: low},
+              (4, 5): {4: 5.0, eos: 4.5, 5: low, 1: low, 0: low}}  # (5, 4): uniform, below both
+    options = DecodeOptions(beam_size=2, n_best=2, length_penalty=0.0, beam_stop="ctranslate2")
+    hyps, steps = scripted_beam(script, options, 10, outputs)
+    assert [t for t, _ in hyps] == [[4], [4, 5]] and steps == 3, (hyps, steps)
+
+
 def test_min_new_tokens_takes_eos_out_of_the_first_steps():
     """eos is no candidate, and out of the softmax, until min_new_tokens are generated (CTranslate2's
     min_decoding_length)."""
