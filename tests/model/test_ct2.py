@@ -211,7 +211,6 @@ def test_argos_own_codes_import_as_the_tags_libretranslate_shows(ct2_models, tmp
     """Argos's zt, pb and zh (LibreTranslate's codes) are recorded as zh-Hant, pt-BR and zh-Hans, so a server lists
     them as LibreTranslate does and its zt and pb reach them; the package's own codes stay in its source."""
     import ct2_models as build
-
     from twostep.model.checkpoint import read_tokenizer
     from twostep.model.sources import import_model
     from twostep.serving.api.libretranslate import routed
