@@ -78,6 +78,12 @@ def test_txt_lines_are_translated_and_its_line_breaks_kept(url):
     assert out == "".join(next(it) + line[len(line.rstrip("\r\n")):] if worth(line) else line for line in lines)
 
 
+def test_a_file_of_more_sentences_than_a_request_takes_goes_in_parts(url):
+    lines = [f"{C}. {A}.", f"{B}. {C}!", f"{A}? {B}.", f"{C}. {C}."]  # 8 sentences; a request takes 4
+    out = round_trip(url, "many.txt", "\n".join(lines).encode()).decode()
+    assert out.split("\n") == translated(url, lines)
+
+
 def test_html_keeps_its_tags_and_translates_its_text_nodes(url):
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><title>{C}</title><style>p {{color: red}}</style></head>\n'
             f'<body><p class="x">{A} <b>{B}</b> and <i>{C}</i>.</p><script>var s = "{C}";</script>'
