@@ -157,3 +157,22 @@ def test_unavailable_backend_on_the_cli(demo_artifact):
     assert_user_error(twostep("translate", demo_artifact, "one", "--backend", "ort-cuda"),
                       "backend 'ort-cuda' is not available here")
     assert_user_error(twostep("translate", demo_artifact, "one", "--backend", "nope"), "unknown backend 'nope'")
+
+
+def test_translate_a_file_as_the_library_translates_its_runs(demo_model_dir, tmp_path):
+    docx = pytest.importorskip("docx", reason="python-docx builds the .docx file (pip install -e '.[dev]')")
+    document = docx.Document()
+    paragraph = document.add_paragraph("three hundred and forty-two ", style="Heading 1")
+    paragraph.add_run("seven thousand and one.").bold = True
+    document.save(tmp_path / "in.docx")
+    result = twostep("translate", demo_model_dir, "--file", tmp_path / "in.docx", "--out", tmp_path / "out.docx")
+    assert result.returncode == 0, result.stderr
+    out = docx.Document(tmp_path / "out.docx").paragraphs[0]
+    want = checkpoint_translator(load_checkpoint(demo_model_dir)).translate(
+        ["three hundred and forty-two ", "seven thousand and one."], split=True)
+    assert [(r.text, r.bold) for r in out.runs] == [(want[0], None), (want[1], True)]
+    assert out.style.name == "Heading 1"
+    assert_user_error(twostep("translate", demo_model_dir, "--file", tmp_path / "in.docx"), "--file needs --out")
+    (tmp_path / "bad.docx").write_bytes(b"not a zip")
+    assert_user_error(twostep("translate", demo_model_dir, "--file", tmp_path / "bad.docx", "--out",
+                              tmp_path / "o.docx"), "not a valid .docx file")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
@@ -19,6 +20,7 @@ from rich.text import Text
 
 from twostep.errors import BadInput, TwostepError
 from twostep.runtime.backends.profile import DEFAULT_ROWS
+from twostep.runtime.files import FORMATS as FILE_FORMATS
 from twostep.serving.limits import BATCHING, BatchLimits
 
 DEFAULTS = "Default: the model's (its manifest's decoding section), else twostep's."
@@ -142,10 +144,30 @@ def translate(
         "Translate each text sentence by sentence, keeping the spaces, line breaks and paragraphs between "
         "sentences (--n-best: a text of several sentences gets one translation, its sentences' best). "
         "--no-split: each text is one sentence.")),
+    file: Optional[Path] = typer.Option(None, "--file", help="Translate this file into --out instead of texts, "
+                                        "its formatting kept: " + ", ".join(FILE_FORMATS) + " (as LibreTranslate's "
+                                        "POST /translate_file)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="--file: where the translated file goes."),
 ) -> None:
-    """Translate texts with any backend: each text is split into sentences (--no-split: it is one sentence)."""
+    """Translate texts with any backend: each text is split into sentences (--no-split: it is one sentence); or a
+    file (--file, --out)."""
     from twostep.runtime.translator import open_translator
 
+    if file is not None:
+        if text or ids:
+            raise TwostepError("--file translates a file: give no texts and no --ids with it")
+        if out is None:
+            raise TwostepError("--file needs --out: the path the translated file is written to")
+    options = dict(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
+                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
+                   min_new_tokens=min_new_tokens, beam_stop=beam_stop, no_repeat_ngram_size=no_repeat_ngram_size,
+                   replace_unknowns=replace_unknowns)  # None: the model's default
+    extra = {"threads": threads} if threads else {}
+    if device != "cpu":
+        extra["device"] = device
+    if file is not None:
+        return translate_file(file, out, lambda: open_translator(model_dir, backend, checkpoint, options, **extra),
+                              src_lang, tgt_lang)
     split = split and not ids
     if text:
         sentences = list(text)
@@ -155,13 +177,6 @@ def translate(
         sentences = [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not sentences:
         raise TwostepError("no input: give texts as arguments or on stdin")
-    options = dict(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
-                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
-                   min_new_tokens=min_new_tokens, beam_stop=beam_stop, no_repeat_ngram_size=no_repeat_ngram_size,
-                   replace_unknowns=replace_unknowns)  # None: the model's default
-    extra = {"threads": threads} if threads else {}
-    if device != "cpu":
-        extra["device"] = device
     translator, be = open_translator(model_dir, backend, checkpoint, options, **extra)
     with be:
         if ids:
@@ -176,6 +191,28 @@ def translate(
         for hyps in results:
             for t, _ in hyps:  # verbatim: a document's own line breaks, then one to end it if it has none
                 sys.stdout.write(t if t.endswith("\n") else t + "\n")
+
+
+def translate_file(file: Path, out: Path, opened: Callable[[], tuple], src_lang: Optional[str], tgt_lang: Optional[str],
+                   part: int = 64) -> None:
+    """`twostep translate --file`: the file's text nodes (twostep.runtime.files) translated, `part` at a time, each
+    a document split into sentences, by the translator `opened()` gives (opened once the file is read); the file
+    written to `out` with them."""
+    from twostep.runtime import files
+
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise TwostepError(f"--file {file}: cannot read it ({exc.strerror})") from None
+    parsed = files.read(data, file.suffix)
+    translator, be = opened()
+    with be:
+        translations = [t for at in range(0, len(parsed.texts), part) for t in translator.translate(
+            parsed.texts[at:at + part], src_lang=src_lang, tgt_lang=tgt_lang, split=True)]
+    try:
+        out.write_bytes(parsed.write(translations))
+    except OSError as exc:
+        raise TwostepError(f"--out {out}: cannot write it ({exc.strerror})") from None
 
 
 @app.command()
@@ -445,6 +482,14 @@ def serve_cmd(
                                      "POST /suggest) into --suggestions-db; `twostep suggestions` exports them."),
     suggestions_db: Path = typer.Option(Path("db/suggestions.db"), help="--suggestions: the SQLite file, created "
                                         "if absent (LibreTranslate's own, and its default path, work as they are)."),
+    disable_files_translation: bool = typer.Option(False, "--disable-files-translation", help="No POST "
+                                                   "/translate_file (LibreTranslate's option)."),
+    file_size_limit: int = typer.Option(10 * 1024 * 1024, min=1, help="Bytes of one file POST /translate_file "
+                                        "takes; beyond it 413."),
+    files_ttl: float = typer.Option(1800, min=0, help="Seconds a translated file waits for its download "
+                                    "(GET /download_file/NAME) before it is removed (LibreTranslate: 30 minutes)."),
+    files_dir: Optional[Path] = typer.Option(None, help="Where translated files wait for their download (default: "
+                                             "a temporary folder, removed when the server exits)."),
     ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep\\[ray]')."),
     address: Optional[str] = typer.Option(None, help="--ray: join this Ray cluster (ray start --head) instead "
                                           "of starting a local one."),
@@ -459,8 +504,8 @@ def serve_cmd(
                                                               "graceful_shutdown_timeout_s, default 20)."),
 ) -> None:
     """Serve translations over HTTP, one model or many: twostep's API (POST /v1/translate: documents, streams; GET
-    /v1/languages), LibreTranslate's (POST /translate, /detect; GET /languages, /frontend/settings, /health,
-    /spec), /healthz, /readyz, /metrics (Prometheus)."""
+    /v1/languages), LibreTranslate's (POST /translate, /detect, /translate_file; GET /languages,
+    /frontend/settings, /download_file/NAME, /health, /spec), /healthz, /readyz, /metrics (Prometheus)."""
     try:
         from twostep.serving.http import ServeConfig, read_api_keys
     except ImportError as exc:
@@ -483,7 +528,9 @@ def serve_cmd(
                          api_key_digests=read_api_keys(api_key_file),
                          api_key_db=str(api_key_db.resolve()) if api_key_db else None,
                          protect_metrics=protect_metrics, pivot=pivot_language, max_loaded=max_loaded,
-                         suggestions=str(opened_suggestions(suggestions_db)) if suggestions else None)
+                         suggestions=str(opened_suggestions(suggestions_db)) if suggestions else None,
+                         files_translation=not disable_files_translation, file_size_limit=file_size_limit,
+                         files_ttl_s=files_ttl, files_dir=str(files_dir) if files_dir else None)
     if not ray:
         from twostep.serving.http import serve
 

@@ -80,7 +80,8 @@ def test_libretranslate_client_reaches_each_pair_and_the_pivot(many, reference):
     assert settings["charLimit"] == 20_000 and settings["keyRequired"] is False and settings["apiKeys"] is False
     assert settings["language"] == {"source": {"code": "auto", "name": "Auto Detect"},
                                     "target": {"code": "es", "name": "Spanish"}}
-    assert [settings[key] for key in ("filesTranslation", "suggestions", "supportedFilesFormat")] == [False, False, []]
+    assert [settings[key] for key in ("filesTranslation", "suggestions", "supportedFilesFormat")] == [
+        True, False, [".txt", ".odt", ".odp", ".docx", ".pptx", ".epub", ".html", ".srt"]]
     assert {"/translate", "/detect", "/languages"} <= set(httpx.get(f"{url}/spec", timeout=30).json()["paths"])
     r = post(url, {"text": GERMAN, "src_lang": "de", "tgt_lang": "fr", "beam": 2, "n_best": 2})
     assert r.status_code == 200, r.text

@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException
 from uvicorn.config import STARTUP_FAILURE
 
 from twostep.serving.api import libretranslate, ops, v1
-from twostep.serving.middleware import Drain, RequestLog, RequireKey, ServerErrors
+from twostep.serving.middleware import Drain, RequestLog, RequireKey, ServerErrors, is_open
 from twostep.serving.models import Loader
 from twostep.serving.service import API_KEYS_ENV, ServeConfig, Service, error, read_api_keys
 
@@ -113,7 +113,7 @@ def api_document(app: FastAPI, service: Service) -> Callable[[], dict]:
                 for operation in operations.values():
                     operation["responses"].pop("422", None)
                     operation["responses"].setdefault("500", error)
-                    if not config.keyed or path in open_paths:
+                    if not config.keyed or is_open(path, open_paths):
                         continue
                     if path in libretranslate.PATHS:  # the key in the body (api_key) or the header
                         operation["security"] = [{"bearer": []}, {}]

@@ -115,10 +115,15 @@ def bearer_key(scope) -> bytes | None:
     return key if scheme.lower() == b"bearer" and key.strip() else None
 
 
+def is_open(path: str, open_paths: set[str]) -> bool:
+    """Whether a path is one of `open_paths`, or under one that ends with a slash."""
+    return path in open_paths or any(path.startswith(p) for p in open_paths if p.endswith("/"))
+
+
 class RequireKey:
     """401 (with `WWW-Authenticate: Bearer`) for a request without `Authorization: Bearer KEY` of one of the
-    server's keys (`known(key)`: Service.key_limits), on every path but `open_paths` (an API that takes its key
-    elsewhere, as LibreTranslate's `api_key` field, checks it itself); no body is read first."""
+    server's keys (`known(key)`: Service.key_limits), on every path but `open_paths` (`is_open`; an API that takes
+    its key elsewhere, as LibreTranslate's `api_key` field, checks it itself); no body is read first."""
 
     def __init__(self, app, known: Callable[[bytes], bool], open_paths: set[str]):
         self.app, self.known, self.open_paths = app, known, open_paths
@@ -128,7 +133,7 @@ class RequireKey:
             return await self.app(scope, receive, send)
         path = routed_path(scope)
         key = bearer_key(scope)
-        if path in self.open_paths or (key is not None and self.known(key)):
+        if is_open(path, self.open_paths) or (key is not None and self.known(key)):
             return await self.app(scope, receive, send)
         from twostep.serving.service import error
 

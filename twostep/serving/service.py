@@ -58,6 +58,10 @@ class ServeConfig:
     pivot: Optional[str] = "en"  # the language a pair no model has goes through; None: no pivoting
     max_loaded: Optional[int] = None  # models loaded at once (the least recently used leaves); None: all, at start
     suggestions: Optional[str] = None  # LibreTranslate's POST /suggest stores into this SQLite file; None: off
+    files_translation: bool = True  # LibreTranslate's POST /translate_file and GET /download_file/NAME
+    file_size_limit: int = 10 * 1024 * 1024  # bytes of one uploaded file; beyond it 413
+    files_ttl_s: float = 1800.0  # how long a translated file waits for its download (LibreTranslate's 30 minutes)
+    files_dir: Optional[str] = None  # where translated files wait; None: a temporary folder, removed at exit
 
     def __post_init__(self):
         if self.protect_metrics and not self.keyed:

@@ -37,14 +37,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import html
+import os
 from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.datastructures import UploadFile
 
-from twostep.errors import BadInput, Overloaded, TwostepError
+from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
+from twostep.runtime import files
 from twostep.runtime.markup import parse_html
 from twostep.serving.api import refusals
+from twostep.serving.downloads import NAME, Downloads, download_name
 from twostep.serving.engine import Faulted
 from twostep.serving.keys import KeyLimits
 from twostep.serving.middleware import bearer_key
@@ -62,14 +66,22 @@ from twostep.serving.service import (
 )
 from twostep.serving.suggestions import CODE, Suggestions
 
-PATHS = frozenset({"/translate", "/detect"})  # which check their key themselves (in the body, or the header)
-OPEN = frozenset({"/languages", "/frontend/settings", "/health", "/spec", "/suggest"})  # open with keys, as LT's
+PATHS = frozenset({"/translate", "/detect", "/translate_file"})  # which check their key themselves (body or header)
+# open with keys, as LibreTranslate's (a path ending in / : every path under it)
+OPEN = frozenset({"/languages", "/frontend/settings", "/health", "/spec", "/suggest", "/download_file/"})
 ALIASES = {"zt": "zh-Hant", "pb": "pt-BR"}  # LibreTranslate's own codes (its libretranslate/language.py)
 REFUSED = Refused({Faulted: 500, NotReady: 503, Overloaded: 429, RateLimited: 429, TwostepError: 400}, {
     # LibreTranslate's words (its app.py: flask-limiter's limit after its "Slowdown:"; its size limits')
     RateLimited: lambda exc: f"Slowdown: {exc.limit}",
     OverLimit: lambda exc: f"Invalid request: request ({exc.size}) exceeds text limit ({exc.limit})"})
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default --frontend-timeout
+
+
+class FileTooLarge(TooLarge):
+    """An uploaded file over the server's file_size_limit (413)."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"Invalid request: file size ({size} bytes) exceeds the file size limit ({limit} bytes)")
 
 
 class KeyRefused(TwostepError):
@@ -254,6 +266,8 @@ def describe(document: dict, service: Service) -> None:
     where a one-model server's model names no languages on a side, the codes of its other side, and any code on
     that one (it translates its one pair whatever the code says)."""
     paths = document["paths"]
+    for parameter in paths["/download_file/{name}"]["get"]["parameters"]:  # the names the server makes
+        parameter["schema"]["pattern"] = f"^{NAME.pattern}$"
     paths["/translate"]["post"]["requestBody"], paths["/detect"]["post"]["requestBody"], \
         paths["/suggest"]["post"]["requestBody"] = request_bodies(service.config)
     if not service.ready:
@@ -304,8 +318,9 @@ def settings_of(service: Service) -> dict:
     target = next((t for t in targets if t != source and t != catalog.pivot), targets[0] if targets else "")
     keys = service.config.keyed  # a key is needed wherever there are keys (LibreTranslate: with an origin's)
     return {"charLimit": service.config.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS, "apiKeys": keys,
-            "keyRequired": keys, "suggestions": service.config.suggestions is not None, "filesTranslation": False,
-            "supportedFilesFormat": [],
+            "keyRequired": keys, "suggestions": service.config.suggestions is not None,
+            "filesTranslation": service.config.files_translation,
+            "supportedFilesFormat": list(files.FORMATS) if service.config.files_translation else [],
             "language": {"source": {"code": source, "name": "Auto Detect" if source == "auto"
                                     else described(source)["name"] or source},
                          "target": {"code": target, "name": described(target)["name"] or target}}}
@@ -481,7 +496,125 @@ def router(service: Service) -> APIRouter:
             out.append((first, list(dict.fromkeys(a for a in alternatives if a not in (first, "")))))
         return out
 
+    downloads = Downloads(service.config.files_dir, service.config.files_ttl_s)
+    size_limit = service.config.file_size_limit
+
+    @routes.post("/translate_file", responses=answers({
+        "type": "object", "required": ["translatedFileUrl"], "properties": {"translatedFileUrl": {
+            "type": "string", "description": "Where GET fetches the translated file"}}},
+        {**refused, 403: "A wrong api_key, or files translation off on this server", 413: "A file over the "
+         "server's size limit (twostep serve --file-size-limit)"}), openapi_extra={"requestBody": {
+            "required": True, "content": {"multipart/form-data": {"schema": {
+                "type": "object", "required": ["file", "source", "target"], "properties": {
+                    "file": {"type": "string", "format": "binary", "description": "A file of a format of "
+                             "/frontend/settings' supportedFilesFormat, by its name's suffix"},
+                    "source": {"type": "string", "description": "A language code, or auto"},
+                    "target": {"type": "string"}, "api_key": {"type": "string"}}}}}}})
+    async def translate_file(request: Request):
+        """Translate a file (twostep.runtime.files reads and writes it; its text nodes go through /translate's
+        path, `file_texts`); the answer names where to download it."""
+        if not service.config.files_translation:
+            return error(403, "Files translation are disabled on this server.")
+        try:
+            length = request.headers.get("content-length", "")
+            if length.isdigit() and int(length) > size_limit + 64 * 1024:  # refused before its body is read
+                raise FileTooLarge(int(length), size_limit)
+            body = await fields(request)
+            upload = body.get("file")
+            size = (upload.size or 0) if isinstance(upload, UploadFile) else 0
+            chars = admitted(service, request, body, cost=max(1, size // service.config.max_chars))
+            if not isinstance(upload, UploadFile):
+                raise BadInput("Invalid request: missing file parameter")
+            source, target = language(body.get("source"), "source"), language(body.get("target"), "target")
+            if not upload.filename:
+                raise BadInput("Invalid request: empty file")
+            suffix = os.path.splitext(upload.filename)[1]
+            if suffix not in files.FORMATS:
+                raise BadInput("Invalid request: file format not supported")
+            data = await upload.read(size_limit + 1)
+            if len(data) > size_limit:
+                raise FileTooLarge(max(size, len(data)), size_limit)
+            parsed = await asyncio.to_thread(files.read, data, suffix)
+            catalog = service.running()
+            if source == "auto" and catalog.source_tags() and parsed.texts:
+                _, by_source = await service.sources_of([" ".join(parsed.texts)[:4096]], "source",
+                                                        list(catalog.languages()))
+                source = next(iter(by_source))
+            elif source == "auto" and catalog.source_tags():
+                source = fallback(catalog.source_tags())
+            route = routed(catalog, source, target)
+        except KeyRefused as exc:
+            return error(exc.status, str(exc))
+        except FileTooLarge as exc:
+            return error(413, str(exc))
+        except TwostepError as exc:
+            return REFUSED.response(service, exc)
+        try:
+            translations = await file_texts(parsed.texts, route, request, chars)
+        except FAILED as exc:
+            return REFUSED.response(service, exc)
+        if translations is None:  # the client went away
+            return Response(status_code=499)
+        out = await asyncio.to_thread(parsed.write, translations)
+        name = await asyncio.to_thread(downloads.store, out, upload.filename, target)
+        return JSONResponse({"translatedFileUrl": str(request.url_for("download_file", name=name))})
+
+    @routes.get("/download_file/{name:path}", responses={
+        200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+        **refusals({400: "A name the server does not make", 404: "No such file, or removed (twostep serve "
+                    "--files-ttl)"})})
+    async def download_file(name: str):
+        """A translated file, saved as the name of the upload with the target's code."""
+        if not service.config.files_translation:
+            return error(400, "Files translation are disabled on this server.")  # LibreTranslate's status
+        try:
+            path = downloads.path(name)
+        except BadInput as exc:
+            return error(400, str(exc))
+        if path is None:
+            return error(404, f"No such file: {name} (a translated file is removed {service.config.files_ttl_s:g} "
+                         "s after it was made)")
+        return FileResponse(path, filename=download_name(name))
+
+    async def file_texts(texts: list[str], route: Route, request: Request, chars: int) -> list[str] | None:
+        """A file's text nodes translated as /translate translates a list of texts (`translated`): all in one
+        call where they fit a request's limits (the client's characters, the server's sentences), else in parts,
+        one after another; a part over the sentence limit once split is halved. None: the client went away."""
+        async def part(texts: list[str]) -> list[str] | None:
+            try:
+                done = await translated(Ask(texts, False, "", "", "text", 0), route, list(range(len(texts))),
+                                        request, chars)
+            except TooLarge:
+                if len(texts) == 1:
+                    raise
+                half = len(texts) // 2
+                first = await part(texts[:half])
+                second = await part(texts[half:]) if first is not None else None
+                return None if first is None or second is None else first + second
+            return None if done is None else [text for text, _ in done]
+
+        out: list[str] = []
+        for group in parts(texts, chars, service.config.max_sentences):
+            done = await part(group)
+            if done is None:
+                return None
+            out += done
+        return out
+
     return routes
+
+
+def parts(texts: list[str], chars: int, most: int) -> list[list[str]]:
+    """Texts in order, in groups of at most `chars` characters (a longer text alone) and `most` texts."""
+    groups: list[list[str]] = []
+    size = 0
+    for text in texts:
+        if not groups or len(groups[-1]) >= most or size + len(text) > chars:
+            groups.append([])
+            size = 0
+        groups[-1].append(text)
+        size += len(text)
+    return groups
 
 
 def formatted(source: str, translation: str) -> str:
