@@ -7,12 +7,13 @@ uvicorn), with Prometheus metrics.
 /readyz, /metrics), with the middleware they share (twostep.serving.middleware): API keys, per-API request
 metrics, draining, a log line per request, a JSON 500 for a bug. Every error of every API is {"error": ...}: the
 APIs' own, Starlette's (404, 405, a malformed form) and a bug's. The API docs are at /docs and /openapi.json
-(`api_document`: FastAPI's, with the server's ranges, bodies and languages).
+(`api_document`: FastAPI's, with the server's ranges, bodies and languages). The web page (web/: index.html at /,
+what it loads at /static/) translates as one types, through LibreTranslate's API; it is not in the API document.
 
 With API keys (`read_api_keys`, or a keys database: twostep.serving.keys) every path but /healthz, /readyz, the
-API docs, LibreTranslate's open ones and (unless `protect_metrics`) /metrics needs `Authorization: Bearer KEY`: 401
-otherwise; LibreTranslate's /translate and /detect take the key in their `api_key` field too. The models are opened
-in the app's lifespan, so the same app runs under uvicorn (`serve`) and as a Ray Serve ingress
+API docs, the web page, LibreTranslate's open ones and (unless `protect_metrics`) /metrics needs `Authorization:
+Bearer KEY`: 401 otherwise; LibreTranslate's /translate and /detect take the key in their `api_key` field too. The
+models are opened in the app's lifespan, so the same app runs under uvicorn (`serve`) and as a Ray Serve ingress
 (`twostep.serving.ray_app`). On SIGTERM `serve` first drains for `shutdown_delay_s`, if given: /readyz answers 503
 at once while requests are still answered (with `Connection: close`), so that load balancers stop sending them
 here; then uvicorn stops accepting, answers what is in flight, and the lifespan closes the models. A second
@@ -27,12 +28,14 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Optional
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import disable_created_metrics
 from starlette.exceptions import HTTPException
 from uvicorn.config import STARTUP_FAILURE
@@ -43,8 +46,10 @@ from twostep.serving.models import Loader
 from twostep.serving.service import API_KEYS_ENV, ServeConfig, Service, error, read_api_keys
 
 log = logging.getLogger("twostep.serving")
+WEB = Path(__file__).with_name("web")  # the web page: index.html, and the files it loads from /static/
+PAGE_PATHS = {"/", *(f"/static/{file.name}" for file in WEB.iterdir())}
 OPEN_PATHS = {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
-              *libretranslate.OPEN}
+              *libretranslate.OPEN, *PAGE_PATHS}
 
 
 def build_app(config: ServeConfig, loader: Optional[Loader] = None) -> FastAPI:
@@ -57,6 +62,12 @@ def build_app(config: ServeConfig, loader: Optional[Loader] = None) -> FastAPI:
     app.state.service = service
     for api in (v1, libretranslate, ops):
         app.include_router(api.router(service))
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(WEB / "index.html")
+
+    app.mount("/static", StaticFiles(directory=WEB), name="static")
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
