@@ -116,8 +116,9 @@ def bearer_key(scope) -> bytes | None:
 
 
 def is_open(path: str, open_paths: set[str]) -> bool:
-    """Whether a path is one of `open_paths`, or under one that ends with a slash."""
-    return path in open_paths or any(path.startswith(p) for p in open_paths if p.endswith("/"))
+    """Whether a path is one of `open_paths`, or under one that ends with a slash (a folder: /download_file/; the
+    root, /, is the page alone)."""
+    return path in open_paths or any(path.startswith(p) for p in open_paths if p.endswith("/") and p != "/")
 
 
 class RequireKey:
