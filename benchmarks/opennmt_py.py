@@ -249,16 +249,17 @@ def convert_opennmt_py(ckpt: Path, out: Path, quantization: str | None = None) -
 
 
 def argos_package(ct2_dir: Path, spm_file: Path, out: Path, from_code: str = "en", to_code: str = "fr",
-                  zipped: bool = True) -> Path:
+                  zipped: bool = True, tokenizer: str = "sentencepiece.model") -> Path:
     """An Argos Translate package as argos-train's train.py makes one: a folder translate-{from}_{to}-1_0 with
-    model/ (the CTranslate2 directory), sentencepiece.model, stanza/ (here a placeholder: argostranslate only checks
-    that it exists), metadata.json and README.md; zipped, that folder as the one top-level entry of
+    model/ (the CTranslate2 directory), sentencepiece.model (`spm_file`; or, `tokenizer` "bpe.model", the BPE codes
+    of an OPUS-MT model from before SentencePiece), stanza/ (here a placeholder: argostranslate only checks that it
+    exists), metadata.json and README.md; zipped, that folder as the one top-level entry of
     `out`/translate-{from}_{to}-1_0.argosmodel (what argostranslate.package.install_from_path extracts)."""
     names = {"en": "English", "fr": "French", "de": "German", "es": "Spanish"}
     name = f"translate-{from_code}_{to_code}-1_0"
     folder = out / name
     shutil.copytree(ct2_dir, folder / "model")
-    shutil.copy(spm_file, folder / "sentencepiece.model")
+    shutil.copy(spm_file, folder / tokenizer)
     (folder / "stanza" / from_code / "tokenize").mkdir(parents=True)
     (folder / "stanza" / "resources.json").write_text("{}\n")
     (folder / "stanza" / from_code / "tokenize" / "README").write_text("a placeholder for a Stanza model\n")

@@ -233,6 +233,23 @@ def ct2_models(tmp_path_factory) -> CT2Models:
 
 
 @pytest.fixture(scope="session")
+def opus_mt_bpe(tmp_path_factory) -> tuple[Path, Path]:
+    """An Argos package of an OPUS-MT model from before SentencePiece (ct2_models.marian_bpe_ct2: Moses, BPE
+    codes as bpe.model, ct2-marian-converter's output as model/): the .argosmodel zip and the folder argostranslate
+    installs it as, built once."""
+    pytest.importorskip("ctranslate2", reason="the package's model is written by CTranslate2's Marian converter")
+    pytest.importorskip("transformers", reason="its weights are trained as a transformers MarianMTModel")
+    import ct2_models as build
+
+    root = tmp_path_factory.mktemp("opus-mt-bpe")
+    ct2, codes = build.marian_bpe_ct2(root / "marian")
+    package = build.argos_package(ct2, codes, root / "package", tokenizer="bpe.model")
+    with zipfile.ZipFile(package) as archive:
+        archive.extractall(root / "installed")
+    return package, root / "installed" / package.stem
+
+
+@pytest.fixture(scope="session")
 def argos_artifact(ct2_models, tmp_path_factory) -> Path:
     """ct2_models' Argos package imported (from the .argosmodel zip) and exported once."""
     from twostep.exporter.export import export

@@ -3,6 +3,7 @@ missing-language error each front words with its own names."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -28,6 +29,16 @@ def test_a_section_reads_back_as_written():
     assert TokenizerSpec.parse(SPEC.to_json(), "m", (100, 100)) == SPEC
 
 
+def test_a_moses_bpe_section_reads_back_with_its_languages_and_needs_them():
+    spec = dataclasses.replace(SPEC, kind="moses-bpe", source_model="bpe.codes", target_model="bpe.codes",
+                               moses=("en", "fr"))
+    assert TokenizerSpec.parse(spec.to_json(), "m", (100, 100)) == spec
+    for moses in (None, ["en"], ["en", ""], "en"):
+        data = {**spec.to_json(), "moses": moses}
+        with pytest.raises(BadArtifact, match="moses must be"):
+            TokenizerSpec.parse(data, "m", (100, 100))
+
+
 def test_an_older_section_reads_with_the_defaults():
     data = {k: v for k, v in SPEC.to_json().items() if k not in ("kind", "trailing_space")}
     spec = TokenizerSpec.parse(data, "m", (100, 100))
@@ -35,7 +46,8 @@ def test_an_older_section_reads_with_the_defaults():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("kind", "wordpiece", "kind 'wordpiece' is not one of sentencepiece, tokenizers"),
+    ("kind", "wordpiece", "kind 'wordpiece' is not one of sentencepiece, tokenizers, moses-bpe"),
+    ("moses", ["en", "fr"], r"moses must be \[source language, target language\] for kind moses-bpe \(and only"),
     ("trailing_space", [100], "trailing_space must be a list of ids below 100"),
     ("trailing_space", "▁", "trailing_space must be a list of ids below 100"),
 ])

@@ -50,3 +50,54 @@ def test_target_prefix_is_forced_after_the_decoders_start(ct2_models, tmp_path):
     assert 10 in spec.drop_ids
     (package / "metadata.json").write_text(json.dumps({**metadata, "target_prefix": ""}))  # "": none
     assert import_package(package).tokenizer.languages.target["fr"].decoder == ()
+
+
+OPUS_MT_SENTENCES = ["the cat's hat is on the mat.", "a dog ran in the park, today!", "hello world?",
+                     "the quick brown fox & the lazy dog.", 'good morning, "friend".', "the dog's garden, today.",
+                     "zebra xylophone!", "hello & good morning"]
+
+
+def test_an_opus_mt_bpe_package_translates_as_argostranslate(opus_mt_bpe, tmp_path):
+    """A bpe.model package (an OPUS-MT model from before SentencePiece, through ct2-marian-converter) imports as
+    the moses-bpe tokenizer and translates, with argostranslate's decoding, to argostranslate's text: Moses'
+    escapes (&apos;, &amp;, &quot;) in and out, "@@" pieces joined, French spacing ("parc, aujourd'hui !")."""
+    import ct2_models as build
+    from twostep.model.sources import import_model
+    from twostep.runtime.translator import open_translator
+
+    package, installed = opus_mt_bpe
+    expected = build.argos_reference(installed, OPUS_MT_SENTENCES)
+    import_model(package, tmp_path / "ckpt")
+    spec = json.loads((tmp_path / "ckpt" / "config.json").read_text())["tokenizer"]
+    assert (spec["kind"], spec["moses"]) == ("moses-bpe", ["en", "fr"])
+    translator, backend = open_translator(tmp_path / "ckpt")
+    with backend:
+        got = translator.translate_nbest(OPUS_MT_SENTENCES, split=False)
+    assert [hyps[0][0] for hyps in got] == [text for text, _ in expected]
+    texts = " ".join(text for text, _ in expected)
+    assert "'" in texts and "&" in texts and " !" in texts  # what Moses unescapes and spaces is compared
+    encode, decode = build.argos_bpe(installed)
+    pieces = [encode(s) for s in OPUS_MT_SENTENCES]
+    assert [[p for _, p in translator.tokenizer.tokens(s)] for s in OPUS_MT_SENTENCES] == pieces
+    assert any(p.endswith("@@") for line in pieces for p in line)
+    assert any(p.startswith("&apos") for line in pieces for p in line)
+    french = [encode(s) for s in build.BPE_TARGET]  # the target side's pieces, joined by each
+    assert [translator.tokenizer.join(p) for p in french] == [decode(p) for p in french]
+
+
+def test_an_opus_mt_spm_package_translates_as_argostranslate(ct2_models, tmp_path):
+    """A Marian model converted by ct2-transformers-converter, its source.spm as the package's sentencepiece.model
+    (argostranslate reads no source.spm/target.spm): its decoder starts from a zero embedding, it adds </s> to the
+    source; argostranslate's text."""
+    import ct2_models as build
+    from twostep.model.sources import import_model
+    from twostep.runtime.translator import open_translator
+
+    package = build.argos_package(ct2_models.marian, ct2_models.marian / "source.spm", tmp_path / "pkg",
+                                  zipped=False)
+    expected = build.argos_reference(package, OPUS_MT_SENTENCES)
+    import_model(package, tmp_path / "ckpt")
+    translator, backend = open_translator(tmp_path / "ckpt")
+    with backend:
+        got = translator.translate_nbest(OPUS_MT_SENTENCES, split=False)
+    assert [hyps[0][0] for hyps in got] == [text for text, _ in expected]

@@ -1,12 +1,17 @@
 """How text becomes token ids and back: the manifest's `tokenizer` section (schema 3), which every consumer
 (the Python runtime, the C++ library) follows the same way.
 
-    kind                         "sentencepiece" (default) or "tokenizers": a Hugging Face tokenizer.json that the
-                                 tokenizers library runs (NLLB and mBART-50 as transformers 5 saves them; Python
-                                 only: the C++ library refuses text for it and takes token ids)
+    kind                         "sentencepiece" (default), "tokenizers": a Hugging Face tokenizer.json that the
+                                 tokenizers library runs (NLLB and mBART-50 as transformers 5 saves them), or
+                                 "moses-bpe": Moses tokenization (sacremoses) then subword-nmt's BPE codes, "@@ "
+                                 joined and Moses detokenization on the way back (OPUS-MT's older models, Argos's
+                                 bpe.model packages); the last two Python only: the C++ library refuses text for
+                                 them and takes token ids
     source_model, target_model   SentencePiece models: one splits source text into pieces, one joins target
                                  pieces into text (the same file where a model has one); for "tokenizers" the
-                                 tokenizer.json, which gives the model's ids itself (added tokens included)
+                                 tokenizer.json, which gives the model's ids itself (added tokens included); for
+                                 "moses-bpe" the BPE codes (both sides: the target needs none to join its pieces)
+    moses                        "moses-bpe": [source, target], the languages Moses tokenizes and detokenizes as
     source_vocab, target_vocab   {piece: id} tables where the model's ids are not SentencePiece's own (Marian's
                                  vocab.json, M2M100's fairseq-ordered vocabulary with its language tokens); null:
                                  SentencePiece's ids are the model's (the seeds)
@@ -44,7 +49,7 @@ from twostep.artifact.trust import safe_name
 from twostep.errors import BadArtifact, BadInput
 
 Ids = tuple[int, ...]
-KINDS = ("sentencepiece", "tokenizers")
+KINDS = ("sentencepiece", "tokenizers", "moses-bpe")
 DETOKENIZERS = ("sentencepiece", "argos")
 
 
@@ -332,6 +337,7 @@ class TokenizerSpec:
     kind: str = "sentencepiece"
     trailing_space: Ids = ()
     detokenize: str = "sentencepiece"
+    moses: tuple[str, str] | None = None  # moses-bpe: the (source, target) languages of Moses' rules
 
     @classmethod
     def sentencepiece(cls, file: str, pad: int, unk: int, bos: int, eos: int) -> TokenizerSpec:
@@ -361,7 +367,8 @@ class TokenizerSpec:
                 "source_suffix": list(self.source_suffix), "special_pieces": list(self.special_pieces),
                 "drop_ids": list(self.drop_ids), "unk_id": self.unk_id, "trailing_space": list(self.trailing_space),
                 "languages": self.languages.to_json(), **({"detokenize": self.detokenize}
-                                                          if self.detokenize != "sentencepiece" else {})}
+                                                          if self.detokenize != "sentencepiece" else {}),
+                **({"moses": list(self.moses)} if self.moses is not None else {})}
 
     @classmethod
     def parse(cls, data: Any, where: str, vocab: tuple[int, int]) -> TokenizerSpec:
@@ -416,13 +423,19 @@ class TokenizerSpec:
         detokenize = data.get("detokenize", "sentencepiece")
         if detokenize not in DETOKENIZERS:
             raise bad(f"detokenize {detokenize!r:.30} is not one of {', '.join(DETOKENIZERS)}")
+        moses = data.get("moses")
+        if (kind == "moses-bpe") != (moses is not None) or moses is not None and not (
+                isinstance(moses, list) and len(moses) == 2 and all(isinstance(c, str) and c for c in moses)):
+            raise bad(f"moses must be [source language, target language] for kind moses-bpe (and only then), got "
+                      f"{moses!r:.40}")
         return cls(kind=kind, source_model=file("source_model"), target_model=file("target_model"),
                    source_vocab=file("source_vocab", True), target_vocab=file("target_vocab", True),
                    source_suffix=ids(data.get("source_suffix"), "source_suffix"),
                    drop_ids=ids(data.get("drop_ids"), "drop_ids", 1),
                    unk_id=ids([unk], "unk_id")[0], special_pieces=tuple(pieces),
                    trailing_space=ids(data.get("trailing_space", []), "trailing_space"),
-                   languages=Languages(source, target, *defaults), detokenize=detokenize)
+                   languages=Languages(source, target, *defaults), detokenize=detokenize,
+                   moses=tuple(moses) if moses is not None else None)
 
 
 __all__ = ["TokenizerSpec", "Languages", "TargetLanguage", "MissingLanguage", "is_language_code"]

@@ -2,12 +2,14 @@
 installs it as (`~/.local/share/argos-translate/packages/translate-en_fr-1_9/`), read in place, never extracted.
 
 A package holds one folder (`translate-en_fr-1_9/`) with `metadata.json` (from_code, to_code, names, version,
-optionally target_prefix), `model/` (a CTranslate2 model directory: twostep.model.ct2), `sentencepiece.model`
-(argostranslate's tokenizer on both sides) and usually `stanza/` (its sentence splitter, which twostep does not
-use: it splits documents itself). The languages go into the tokenizer section, and the decoding defaults are
-argostranslate's (translate.py's apply_packaged_translation): beam 4, length_penalty 0.2, CTranslate2's beam
-search, max_decoding_length 256; its text is SentencePiece's with "▁" and "_" as spaces and one leading space
-dropped (tokenizer.py). Older packages tokenized with Moses + BPE (`bpe.model`) are refused. Argos's own codes
+optionally target_prefix), `model/` (a CTranslate2 model directory: twostep.model.ct2), argostranslate's
+tokenizer on both sides, and usually `stanza/` (its sentence splitter, which twostep does not use: it splits
+documents itself). The tokenizer is what package.py looks for, in its order: `sentencepiece.model`, else
+`bpe.model` (OPUS-MT's models trained before SentencePiece: Moses tokenization in from_code's rules, then these
+BPE codes; Moses detokenization in to_code's: tokenizer.py's BPETokenizer, the tokenizer kind moses-bpe). The
+languages go into the tokenizer section, and the decoding defaults are argostranslate's (translate.py's
+apply_packaged_translation): beam 4, length_penalty 0.2, CTranslate2's beam search, max_decoding_length 256; its
+text is the tokenizer's (SentencePiece's with "▁" and "_" as spaces) with one leading space dropped. Argos's own codes
 are recorded as the standard tags LibreTranslate shows them as (its language.py aliases: zt is zh-Hant, pb pt-BR,
 zh zh-Hans), so a server lists and routes them as LibreTranslate does (and LibreTranslate's zt and pb reach them).
 """
@@ -101,15 +103,18 @@ def import_package(src: Path) -> Imported:
             raise BadCheckpoint(f"{src}: no metadata.json and model/; not an Argos Translate package")
     try:
         metadata = read_metadata(root)
-        if not (root / "sentencepiece.model").is_file():
-            if (root / "bpe.model").is_file():
-                raise BadCheckpoint(f"{src}: an older Argos package tokenized with Moses and BPE (bpe.model); twostep "
-                                    "imports the SentencePiece packages (sentencepiece.model)")
-            raise BadCheckpoint(f"{src}: no sentencepiece.model in the package")
+        # package.py's order: sentencepiece.model, else bpe.model (BPETokenizer, with the package's own codes)
+        if (root / "sentencepiece.model").is_file():
+            tokenizer = {"source_spm": root / "sentencepiece.model"}
+        elif (root / "bpe.model").is_file():
+            tokenizer = {"bpe_codes": root / "bpe.model", "moses": (metadata["from_code"], metadata["to_code"])}
+        else:
+            raise BadCheckpoint(f"{src}: no sentencepiece.model or bpe.model in the package; argostranslate "
+                                "tokenizes with one of them")
         model_dir = root / "model"
         source, target = (ARGOS_CODES.get(metadata[key], metadata[key]) for key in ("from_code", "to_code"))
         how = CT2Import(
-            source_spm=root / "sentencepiece.model",
+            **tokenizer,
             languages=Languages(source={source: ()}, target={target: TargetLanguage()}, default_source=source,
                                 default_target=target),
             target_prefix=metadata.get("target_prefix") or None, decoding=dict(DECODING), detokenize="argos")

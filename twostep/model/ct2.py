@@ -463,6 +463,11 @@ def special_ids(ct2: CT2Model) -> dict[str, int]:
         if key == "bos" and token not in target:  # used only to start the decoder, which `start` does
             ids["bos"] = ids["start"]
             continue
+        if key == "start" and token not in target and ct2.flag("decoder/start_from_zero_embedding", False):
+            # ct2-marian-converter's <s>, which Marian's vocabulary lacks: CTranslate2 reads it as unk, whose row
+            # the zero start embedding never reads
+            ids["start"] = ids["unk"]
+            continue
         if token not in target:
             raise BadCheckpoint(f"{ct2.path}: config.json's {key} token {token!r} is not in the target vocabulary")
         ids[key] = target[token]
@@ -562,6 +567,7 @@ def vocabulary_table(tokens: list[str]) -> bytes:
 
 # SentencePiece models a CTranslate2 directory may hold beside its model (Argos packages' is one level up):
 # one for both sides, or one a side as Marian's conversions keep them.
+BPE_CODES = "bpe.codes"
 SHARED_SPM = ("sentencepiece.model", "spm.model", "sentencepiece.bpe.model")
 SIDE_SPM = (("source.spm", "target.spm"), ("spm.src.model", "spm.tgt.model"))
 DEFAULT_MAX_POSITIONS = 1024  # computed sinusoid: CTranslate2 has no limit; its max_input_length is 1024
@@ -569,11 +575,13 @@ DEFAULT_MAX_POSITIONS = 1024  # computed sinusoid: CTranslate2 has no limit; its
 
 @dataclass
 class CT2Import:
-    """What an import of a CTranslate2 model needs beside the model directory: its SentencePiece model(s), and
-    what a package adds (languages, decoding defaults, detokenization, where it came from)."""
+    """What an import of a CTranslate2 model needs beside the model directory: its SentencePiece model(s) or its
+    BPE codes, and what a package adds (languages, decoding defaults, detokenization, where it came from)."""
 
-    source_spm: Path | zipfile.Path
+    source_spm: Path | zipfile.Path | None = None  # None: bpe_codes
     target_spm: Path | zipfile.Path | None = None  # None: the source's
+    bpe_codes: Path | zipfile.Path | None = None  # subword-nmt's codes after Moses tokenization (kind moses-bpe)
+    moses: tuple[str, str] | None = None  # with bpe_codes: the (source, target) languages of Moses' rules
     languages: Languages = field(default_factory=lambda: Languages())
     target_prefix: str | None = None  # a token forced after the decoder's start (multilingual Argos packages)
     decoding: dict[str, Any] = field(default_factory=dict)
@@ -611,16 +619,19 @@ def import_ct2(ct2: CT2Model, how: CT2Import, max_positions: int = DEFAULT_MAX_P
                                                  for code in languages.target},
                               languages.default_source, languages.default_target)
     model = build_model(ct2, cfg)
-    files: dict[str, Path | bytes] = {SOURCE_SPM: read_bytes(how.source_spm), SOURCE_VOCAB:
-                                      vocabulary_table(ct2.source_vocab)}
-    target_spm, target_vocab = SOURCE_SPM, SOURCE_VOCAB
+    source_model, kind = (SOURCE_SPM, "sentencepiece") if how.bpe_codes is None else (BPE_CODES, "moses-bpe")
+    files: dict[str, Path | bytes] = {source_model: read_bytes(how.source_spm if how.bpe_codes is None
+                                                               else how.bpe_codes),
+                                      SOURCE_VOCAB: vocabulary_table(ct2.source_vocab)}
+    target_spm, target_vocab = source_model, SOURCE_VOCAB
     if how.target_spm is not None:
         files[TARGET_SPM], target_spm = read_bytes(how.target_spm), TARGET_SPM
     if not ct2.shared_vocab:
         files[TARGET_VOCAB], target_vocab = vocabulary_table(ct2.target_vocab), TARGET_VOCAB
     specials = {ids["eos"], ids["bos"], ids["start"], ids["pad"], ids["unk"]}
     spec = TokenizerSpec(
-        source_model=SOURCE_SPM, target_model=target_spm, source_vocab=SOURCE_VOCAB, target_vocab=target_vocab,
+        kind=kind, moses=how.moses if how.bpe_codes is not None else None,
+        source_model=source_model, target_model=target_spm, source_vocab=SOURCE_VOCAB, target_vocab=target_vocab,
         source_suffix=(source_id(ct2, ct2.config["eos_token"]),) if ct2.config.get("add_source_eos") else (),
         drop_ids=tuple(sorted(specials | {i for code in languages.target for i in languages.target[code].decoder})),
         unk_id=source_id(ct2, ct2.config["unk_token"]), languages=languages, detokenize=how.detokenize)

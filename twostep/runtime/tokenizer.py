@@ -86,8 +86,10 @@ class Tokenizer:
 
     @staticmethod
     def load(directory: Path | str, spec: TokenizerSpec) -> Tokenizer:
-        """The tokenizer of the spec's kind: SentencePiece (this class), or a tokenizer.json (JsonTokenizer)."""
-        return JsonTokenizer(directory, spec) if spec.kind == "tokenizers" else Tokenizer(directory, spec)
+        """The tokenizer of the spec's kind: SentencePiece (this class), a tokenizer.json (JsonTokenizer), or Moses
+        and BPE codes (MosesBPETokenizer)."""
+        kinds = {"tokenizers": JsonTokenizer, "moses-bpe": MosesBPETokenizer}
+        return kinds.get(spec.kind, Tokenizer)(directory, spec)
 
     @classmethod
     def sentencepiece(cls, path: Path | str, pad: int = PAD_ID, unk: int = UNK_ID, bos: int = BOS_ID,
@@ -235,6 +237,64 @@ class JsonTokenizer(Tokenizer):
 
     def target_piece(self, token: int) -> str | None:
         return self.hf.id_to_token(token)
+
+
+class MosesBPETokenizer(Tokenizer):
+    """Moses tokenization (sacremoses: punctuation normalized, then tokenized with its escapes, as Moses' scripts
+    do) and subword-nmt's BPE codes (spec.source_model), pieces ending in "@@" joined to the next; target pieces
+    "@@ "-joined and Moses-detokenized. The models of OPUS-MT trained before SentencePiece, as argostranslate's
+    BPETokenizer runs them; the vocabulary tables give the ids."""
+
+    SEPARATOR = "@@"
+
+    def __init__(self, directory: Path | str, spec: TokenizerSpec):
+        from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+        from subword_nmt.apply_bpe import BPE
+
+        directory = Path(directory)
+        if spec.source_vocab is None or spec.target_vocab is None or spec.moses is None:
+            raise BadArtifact(f"{directory}: a moses-bpe tokenizer needs source_vocab, target_vocab and moses")
+        path = directory / spec.source_model
+        if not path.is_file():
+            raise BadArtifact(f"{path}: tokenizer file not found")
+        try:
+            with path.open(encoding="utf-8") as codes:
+                self.bpe = BPE(codes, separator=self.SEPARATOR)
+        except (UnicodeDecodeError, ValueError, SystemExit) as exc:  # subword-nmt exits on a malformed line
+            raise BadArtifact(f"{path}: not a BPE codes file ({exc})") from None
+        source, target = spec.moses
+        self.normalizer, self.moses = MosesPunctNormalizer(source), MosesTokenizer(source)
+        self.detokenizer = MosesDetokenizer(target)
+        self.spec = spec
+        self.source_table = load_table(directory / spec.source_vocab)
+        target_table = (self.source_table if spec.target_vocab == spec.source_vocab
+                        else load_table(directory / spec.target_vocab))
+        self.target_pieces = {i: piece for piece, i in target_table.items()}
+        self.drop = frozenset(spec.drop_ids)
+        self.source_pieces = None
+        self.special_ids = {p: self.piece_id(p) for p in spec.special_pieces}
+        ordered = sorted(spec.special_pieces, key=len, reverse=True)
+        self.splitter = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+    @property
+    def vocab_size(self) -> int:
+        return max(self.source_table.values(), default=-1) + 1
+
+    def chunk_tokens(self, chunk: str) -> list[tuple[int, str]]:
+        if not chunk.strip():
+            return []
+        words = " ".join(self.moses.tokenize(self.normalizer.normalize(chunk))).strip("\r\n ").split(" ")
+        return [(self.source_table.get(p, self.spec.unk_id), p) for p in self.bpe.segment_tokens(words)]
+
+    def encode_target(self, text: str) -> list[int]:
+        return self.pieces(text)
+
+    def join(self, pieces: list[str]) -> str:
+        words = " ".join(pieces).replace(self.SEPARATOR + " ", "").split(" ")
+        text = self.detokenizer.detokenize(words)
+        if self.spec.detokenize == "argos":  # argostranslate's lstrip of one space
+            return text[1:] if text.startswith(" ") else text
+        return text.strip()
 
 
 def train_tokenizer(sentences: Iterable[str], out_path: Path, vocab_size: int, model_type: str = "unigram") -> Path:
