@@ -179,6 +179,26 @@ def test_the_key_field_and_the_file_form_follow_the_settings(served, browser):
     page.close()
 
 
+@pytest.mark.slow
+def test_a_file_goes_through_the_page_and_comes_back_translated(served, browser):
+    """The file form against the server's own /translate_file: a text file uploaded from the page comes back, by
+    the page's download link, with each line as POST /translate answers it."""
+    url = served
+    lines = [ENGLISH, "I would like a cup of coffee."]
+    page = browser.new_page()
+    page.goto(f"{url}/?source=en&target=es")
+    page.wait_for_selector("#file", state="visible")
+    page.set_input_files("#file-input", files=[{"name": "note.txt", "mimeType": "text/plain",
+                                                "buffer": "\n".join(lines).encode() + b"\n"}])
+    page.click("#file button")
+    page.wait_for_selector("#download", state="visible")
+    link = page.get_attribute("#download", "href")
+    page.close()
+    got = httpx.get(link if link.startswith("http") else f"{url}{link}", timeout=60)
+    assert got.status_code == 200, got.text
+    assert got.text.splitlines() == [translated(url, line, "en", "es")["translatedText"] for line in lines]
+
+
 def test_the_page_is_open_and_not_in_the_api_document_on_a_server_with_keys(monkeypatch):
     """The page and what it loads need no key (it asks for one where the server has keys); the API document lists
     the APIs alone. The app in-process, its models never opened: the page needs none."""
