@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -83,6 +84,24 @@ def test_an_opus_mt_bpe_package_translates_as_argostranslate(opus_mt_bpe, tmp_pa
     assert any(p.startswith("&apos") for line in pieces for p in line)
     french = [encode(s) for s in build.BPE_TARGET]  # the target side's pieces, joined by each
     assert [translator.tokenizer.join(p) for p in french] == [decode(p) for p in french]
+    served_as_argostranslate(tmp_path / "ckpt", OPUS_MT_SENTENCES, [text for text, _ in expected])
+
+
+def served_as_argostranslate(model: Path, sentences: list[str], expected: list[str]) -> None:
+    """`twostep serve MODEL` answers argostranslate's text: on /v1/translate as it is, on LibreTranslate's
+    /translate as LibreTranslate formats argostranslate's (its improve_translation_formatting)."""
+    httpx = pytest.importorskip("httpx", reason="the serving tests need httpx (pip install -e '.[dev]')")
+    pytest.importorskip("fastapi", reason="serving needs its extra (pip install -e '.[serve]')")
+    from serving_helpers import post, server
+    from twostep.serving.api.libretranslate import formatted
+
+    with server(model) as (url, _):
+        v1 = post(url, {"text": sentences, "split": False})
+        assert v1.status_code == 200, v1.text
+        assert [hyps[0]["text"] for hyps in v1.json()["translations"]] == expected
+        lt = httpx.post(f"{url}/translate", json={"q": sentences, "source": "en", "target": "fr"}, timeout=60)
+        assert lt.status_code == 200, lt.text
+        assert lt.json()["translatedText"] == [formatted(s, t) for s, t in zip(sentences, expected)]
 
 
 def test_an_opus_mt_spm_package_translates_as_argostranslate(ct2_models, tmp_path):
