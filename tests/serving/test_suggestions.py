@@ -87,6 +87,15 @@ def test_a_libretranslate_database_exports_as_a_parallel_corpus(tmp_path):
     assert {p.name: p.read_text(encoding="utf-8") for p in (tmp_path / "corpus").iterdir()} == corpus
 
 
+def test_a_database_without_suggestions_is_one_line_and_left_as_it_was(tmp_path):
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as c:
+        c.execute("CREATE TABLE notes (text TEXT)")
+    before = other.read_bytes()
+    assert_user_error(twostep("suggestions", "export", other, "--out", tmp_path / "out"), "no such table")
+    assert other.read_bytes() == before and not (tmp_path / "out").exists()
+
+
 def test_a_file_that_is_not_a_database_is_one_line(tmp_path):
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not sqlite at all" * 100)

@@ -19,16 +19,20 @@ TABLE = """CREATE TABLE IF NOT EXISTS suggestions (
 
 
 class Suggestions:
-    """The suggestions database at `path` (created with its folder if absent). One connection, shared by the
-    server's threads under a lock; every write is committed before it returns."""
+    """The suggestions database at `path` (created with its folder if absent; `read_only`: opened as it is, never
+    written). One connection, shared by the server's threads under a lock; every write is committed before it
+    returns."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
         self.lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, check_same_thread=False)
-            self.db.execute(TABLE)
+            if read_only:
+                self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.db = sqlite3.connect(self.path, check_same_thread=False)
+                self.db.execute(TABLE)
             self.db.execute("SELECT q, s, source, target FROM suggestions LIMIT 1").fetchall()
         except (OSError, sqlite3.Error) as exc:
             raise TwostepError(f"suggestions database {path}: {exc}; give a writable path for a new database, "
@@ -64,7 +68,7 @@ def export(database: str | Path, out: Path) -> tuple[dict[tuple[str, str], int],
     one, which a LibreTranslate database may hold, never makes a file name)."""
     if not Path(database).is_file():
         raise TwostepError(f"suggestions database {database}: no such file")
-    suggestions = Suggestions(database)
+    suggestions = Suggestions(database, read_only=True)  # a user's file: read, never changed
     try:
         pairs = suggestions.pairs()
     finally:
