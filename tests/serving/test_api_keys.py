@@ -119,3 +119,14 @@ def test_the_ray_app_carries_key_digests_and_its_replicas_check_them(demo_artifa
         assert client.post("/v1/translate", json={"text": ["seven"]}, headers=bearer(KEYS[0])).status_code == 200
         assert client.get("/metrics").status_code == 401
         assert client.get("/readyz").status_code == 200
+
+
+def test_the_open_paths_are_the_listed_ones_and_the_download_folder():
+    """On a server with keys: the page (/ alone, not every path under it), LibreTranslate's open paths and what is
+    under /download_file/ need no key; everything else does."""
+    from twostep.serving.http import OPEN_PATHS
+    from twostep.serving.middleware import is_open
+
+    assert all(is_open(path, OPEN_PATHS) for path in ("/", "/languages", "/suggest", "/download_file/a.b_fr.txt"))
+    assert not any(is_open(path, OPEN_PATHS) for path in ("/v1/translate", "/translate", "/metrics", "/download_file",
+                                                          "/v1/languages", "/x/"))

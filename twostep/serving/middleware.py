@@ -116,9 +116,8 @@ def bearer_key(scope) -> bytes | None:
 
 
 def is_open(path: str, open_paths: set[str]) -> bool:
-    """Whether a path is one of `open_paths`, or under one that ends with a slash (a folder: /download_file/; the
-    root, /, is the page alone)."""
-    return path in open_paths or any(path.startswith(p) for p in open_paths if p.endswith("/") and p != "/")
+    """Whether a path is one of `open_paths`, or under a folder of them written FOLDER/* (/download_file/*)."""
+    return path in open_paths or any(path.startswith(p[:-1]) for p in open_paths if p.endswith("/*"))
 
 
 class RequireKey:
