@@ -250,6 +250,18 @@ def opus_mt_bpe(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def opus_mt_bpe_artifact(opus_mt_bpe, tmp_path_factory) -> Path:
+    """opus_mt_bpe's package (tokenizer kind moses-bpe) imported and exported once."""
+    from twostep.exporter.export import export
+    from twostep.model.sources import import_model
+
+    root = tmp_path_factory.mktemp("opus-mt-bpe-artifact")
+    import_model(opus_mt_bpe[0], root / "ckpt")
+    export(root / "ckpt", root / "art")
+    return root / "art"
+
+
+@pytest.fixture(scope="session")
 def argos_artifact(ct2_models, tmp_path_factory) -> Path:
     """ct2_models' Argos package imported (from the .argosmodel zip) and exported once."""
     from twostep.exporter.export import export

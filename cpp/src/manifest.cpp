@@ -578,9 +578,9 @@ Manifest Manifest::read(const fs::path& dir, bool check_hashes) {
       if (!tokenizer.is_object())
         throw Error(where + ": malformed manifest (tokenizer: expected an object, got " + tokenizer.type_name() + ")");
       m.tokenizer = read_tokenizer(tokenizer);
-      if (m.tokenizer->kind != "sentencepiece" && m.tokenizer->kind != "tokenizers")
+      if (m.tokenizer->kind != "sentencepiece" && m.tokenizer->kind != "tokenizers" && m.tokenizer->kind != "moses-bpe")
         throw Error(where + ": malformed manifest (tokenizer: kind '" + m.tokenizer->kind +
-                    "' is not one of sentencepiece, tokenizers)");
+                    "' is not one of sentencepiece, tokenizers, moses-bpe)");
       if (m.tokenizer->detokenize != "sentencepiece" && m.tokenizer->detokenize != "argos")
         throw Error(where + ": malformed manifest (tokenizer: detokenize '" + m.tokenizer->detokenize.substr(0, 30) +
                     "' is not one of sentencepiece, argos)");

@@ -65,6 +65,10 @@ struct Model::Impl {
       throw Error("this model's tokenizer is a Hugging Face tokenizer.json, which the C++ library does not read: pass "
                   "token ids (translate_ids), or import the model from a directory that also holds its "
                   "sentencepiece.bpe.model");
+    if (m.tokenizer && m.tokenizer->kind == "moses-bpe")
+      throw Error("tokenizer kind 'moses-bpe' (Moses tokenization + BPE codes) has no C++ implementation: pass token "
+                  "ids (translate_ids; twostep-translate --ids), or translate text with the Python runtime "
+                  "(twostep translate, twostep serve)");
     if (!tokenizer) throw Error("this model has no tokenizer: text translation needs one (token-id APIs work without)");
     return *tokenizer;
   }

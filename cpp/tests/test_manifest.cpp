@@ -349,7 +349,7 @@ TEST_CASE("schema 3: malformed tokenizer sections and ids") {
       {[](json& j) { j["tokenizer"]["trailing_space"] = {50}; },
        "tokenizer: trailing_space has ids outside the source vocab"},
       {[](json& j) { j["tokenizer"]["kind"] = "wordpiece"; },
-       "malformed manifest (tokenizer: kind 'wordpiece' is not one of sentencepiece, tokenizers)"},
+       "malformed manifest (tokenizer: kind 'wordpiece' is not one of sentencepiece, tokenizers, moses-bpe)"},
       {[](json& j) { j["model"]["never_generate"] = {3}; }, "never_generate holds the eos id"},
       {[](json& j) { j["model"]["never_generate"] = {60}; }, "never_generate has ids outside the target vocab"},
       {[](json& j) { j["model"]["decoder_start_id"] = 60; }, "a special id is outside the vocab"},

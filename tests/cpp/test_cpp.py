@@ -666,3 +666,38 @@ def test_cpp_refuses_a_bad_decoding_section_and_detokenize_as_one_line(cpp_build
         proc = translate(cpp_build, art, ["good dog"])
         assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
         assert message in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+# tests/model/test_argos.py's OPUS_MT_SENTENCES: Moses' escapes and BPE's "@@" pieces among their ids.
+BPE_SENTENCES = ["the cat's hat is on the mat.", "a dog ran in the park, today!", "hello world?",
+                 "the quick brown fox & the lazy dog.", 'good morning, "friend".', "zebra xylophone!"]
+
+
+@pytest.mark.parametrize("flags", [(), ("--beam", 1)], ids=["argos-defaults", "greedy"])
+def test_cpp_decodes_the_ids_of_a_moses_bpe_package_as_python_does(cpp_build, opus_mt_bpe_artifact, flags):
+    """An OPUS-MT bpe.model package (tokenizer kind moses-bpe) loads in C++, and the ids Python's tokenizer gives
+    decode to Python's tokens and scores: with the manifest's decoding defaults (beam 4), and greedy."""
+    translator, backend = open_translator(opus_mt_bpe_artifact, "ort-cpu",
+                                          options={"beam_size": 1} if flags else None)
+    assert translator.tokenizer.spec.kind == "moses-bpe"
+    assert translator.options.beam_size == (1 if flags else 4)
+    with backend:
+        sources = translator.encode(BPE_SENTENCES)
+        python = translator.decode_ids(sources)
+    assert len({tuple(hyps[0].tokens) for hyps in python}) >= 3, python  # the outputs vary with the input
+    proc = translate(cpp_build, opus_mt_bpe_artifact, ids_lines(sources), "--ids", "--scores", *flags)
+    assert proc.returncode == 0, proc.stderr
+    cpp = [line.split(" ", 1) + [""] for line in proc.stdout.splitlines()]
+    assert_same("ids", [" ".join(map(str, hyps[0].tokens)) for hyps in python], [c[1] for c in cpp])
+    assert [float(c[0]) for c in cpp] == pytest.approx([hyps[0].score for hyps in python], rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("flags", [(), ("--stream",)], ids=["text", "stream"])
+def test_cpp_refuses_text_for_a_moses_bpe_package_with_one_line(cpp_build, opus_mt_bpe_artifact, flags):
+    """Text in C++ for a moses-bpe artifact: no Moses tokenizer there, so one line saying what to do instead,
+    exit 1, nothing printed (the artifact itself loads: the test above decodes its ids)."""
+    proc = translate(cpp_build, opus_mt_bpe_artifact, ["hello world?"], *flags)
+    assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
+    assert proc.stderr == ("error: tokenizer kind 'moses-bpe' (Moses tokenization + BPE codes) has no C++ "
+                           "implementation: pass token ids (translate_ids; twostep-translate --ids), or translate "
+                           "text with the Python runtime (twostep translate, twostep serve)\n")

@@ -67,8 +67,9 @@ struct Languages {
 // How text becomes source ids and target ids become text (manifest "tokenizer"). Schema 2's single
 // tokenizer.model reads as one SentencePiece model on both sides with its own ids.
 struct TokenizerSpec {
-  // "sentencepiece", or "tokenizers": a Hugging Face tokenizer.json, which this library does not read (text
-  // translation is refused with a message; the token-id APIs work, languages included).
+  // "sentencepiece", "tokenizers": a Hugging Face tokenizer.json, or "moses-bpe": Moses tokenization and BPE
+  // codes (OPUS-MT's older models); this library reads neither of the last two (text translation is refused with a
+  // message; the token-id APIs work, languages included).
   std::string kind = "sentencepiece";
   std::string source_model, target_model;  // SentencePiece model files in dir (may be the same file)
   std::string source_vocab, target_vocab;  // {piece: id} JSON files in dir; empty: the SentencePiece model's ids
