@@ -188,6 +188,29 @@ def test_finished_rows_leave_the_batch_and_their_caller_is_answered_then(demo, t
     assert answered["long"] == steps
 
 
+def test_a_lone_client_waits_for_nobody_and_answered_callers_wait_for_each_other(demo, test_sentences):
+    """A batch waits max_wait_ms for the callers the worker last answered to come back, and no longer once they
+    are: one client alone gets its next batch at once; after a batch of two, one caller waits for the other."""
+    short = min(test_sentences, key=len)
+    ex, session, _ = make(demo, max_wait_ms=400)
+
+    def timed(*texts: str) -> float:
+        started = time.monotonic()
+        with ThreadPoolExecutor(len(texts)) as pool:
+            list(pool.map(lambda text: ex.translate([text]), texts))
+        return time.monotonic() - started
+
+    with ex:
+        timed(short)  # nobody was answered yet: the first batch waits
+        alone = [timed(short) for _ in range(3)]
+        timed(short, short)  # two callers, one batch
+        waited = timed(short)  # the other caller is not back: it waits the whole max_wait_ms
+        again = timed(short)
+    assert max(alone) < 0.25 and again < 0.25, (alone, again)
+    assert waited >= 0.38, waited
+    assert 2 in session.rows
+
+
 def test_beam_rows_leave_per_sentence(demo, test_sentences):
     short, long = min(test_sentences, key=len), max(test_sentences, key=len)
     ex, session, _ = make(demo, max_wait_ms=200)

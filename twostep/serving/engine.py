@@ -22,7 +22,8 @@ the worker decodes them in one running batch (decoding.RunningBatch):
   big step): docs/benchmarks.md measures it.
 
 Either way a batch starts once its first sentence has waited `max_wait_ms` after it came or after the worker
-became free (whichever is later), or sooner once the batch is full; sentences decoded with different options
+became free (whichever is later), or sooner once the batch is full or as many requests wait as the worker answered
+since it was last free (its callers are back: one client alone never waits); sentences decoded with different options
 share it (each decodes with its own). A sentence that finishes leaves the batch at that step (its rows are
 freed for the next to join) and its request is answered as soon as its last sentence is done; a request
 whose caller went away (a cancelled future) has its rows freed the same way. A full queue refuses at once
@@ -195,6 +196,7 @@ class BatchingEngine:
         self.closed = False
         self.worker: threading.Thread | None = None  # start()
         self.lanes: list[Lane] = []  # the worker's
+        self.answered = 0  # the worker's: requests answered since it was last free (next_sentences)
 
     # -- callers ---------------------------------------------------------------------------------------
     def start(self) -> BatchingEngine:
@@ -410,7 +412,8 @@ class BatchingEngine:
         is static), without blocking. Otherwise it blocks until a batch is due: full, or max_wait_ms after its
         first sentence came or after the worker became free, whichever is later (callers answered by the last
         batch send their next requests in that time, and join this one instead of forming a batch of their
-        own); None once closed and drained. A lane with cohorts to decode again (session_fault) takes the next
+        own), or as soon as as many requests wait as the worker answered since it was last free (those callers
+        are back: a lone client waits for nobody); None once closed and drained. A lane with cohorts to decode again (session_fault) takes the next
         one, alone, once it is empty."""
         starting = [self.next_cohort(lane) for lane in lanes]
         if any(starting) or any(lane.batch.sentences for lane in lanes):
@@ -418,7 +421,8 @@ class BatchingEngine:
                 return starting
             with self.cond:
                 return [cohort + taken for cohort, taken in zip(starting, self.take(self.fitting(lanes)[0]))]
-        free_since = time.monotonic()
+        free_since, callers = time.monotonic(), self.answered
+        self.answered = 0
         with self.cond:
             while True:
                 while self.waiting and self.waiting[0].cancelled:
@@ -431,7 +435,8 @@ class BatchingEngine:
             deadline = max(self.waiting[0].arrived, free_since) + self.limits.max_wait_ms / 1000
             while True:
                 taken, full = self.fitting(lanes)
-                if self.closed or full or time.monotonic() >= deadline:
+                back = callers and len({id(x.request) for x in self.waiting}) >= callers
+                if self.closed or full or back or time.monotonic() >= deadline:
                     return self.take(taken)
                 self.cond.wait(deadline - time.monotonic())
 
@@ -507,5 +512,6 @@ class BatchingEngine:
         if request.remaining == 0:
             try:
                 request.future.set_result(request.results)
+                self.answered += 1
             except InvalidStateError:  # cancelled by its caller a moment ago
                 pass

@@ -162,8 +162,11 @@ class BatchingTranslator:
 
     async def replace_unknowns_async(self, sources: Sequence[Sequence[int]], hypotheses: list[list[Hypothesis]],
                                      options: DecodeOptions | None, tgt_lang: str | None) -> list[list[Hypothesis]]:
-        """replace_unknowns in a thread of its own (never the engine's, whose batch would wait)."""
-        if (options or self.translator.options).replace_unknowns:
+        """replace_unknowns in a thread of its own (never the engine's, whose batch would wait), where a
+        hypothesis holds <unk>."""
+        unk = self.translator.limits.specials.unk_id
+        if (options or self.translator.options).replace_unknowns and any(
+                unk in h.tokens for hyps in hypotheses for h in hyps):
             return await asyncio.to_thread(self.replace_unknowns, sources, hypotheses, options, tgt_lang)
         return hypotheses
 
