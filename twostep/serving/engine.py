@@ -413,8 +413,8 @@ class BatchingEngine:
         first sentence came or after the worker became free, whichever is later (callers answered by the last
         batch send their next requests in that time, and join this one instead of forming a batch of their
         own), or as soon as as many requests wait as the worker answered since it was last free (those callers
-        are back: a lone client waits for nobody); None once closed and drained. A lane with cohorts to decode again (session_fault) takes the next
-        one, alone, once it is empty."""
+        are back: a lone client waits for nobody); None once closed and drained. A lane with cohorts to decode
+        again (session_fault) takes the next one, alone, once it is empty."""
         starting = [self.next_cohort(lane) for lane in lanes]
         if any(starting) or any(lane.batch.sentences for lane in lanes):
             if not self.limits.inflight or not self.waiting:  # nothing to join: no lock, no scan (every step)

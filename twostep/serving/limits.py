@@ -25,10 +25,11 @@ def limit_field(default, doc: str):
 class BatchLimits:
     """How the executor batches: a batch holds at most max_batch_tokens (source tokens x beam) and
     max_batch_rows (sentences x beam); it starts once its first sentence has waited max_wait_ms (or is
-    full, or the callers the worker last answered are all back); at most max_queue sentences wait. `inflight`: waiting sentences join the running batch at the next
-    step (False: they wait for it to end; docs/benchmarks.md measures both). In flight, `express_tokens` > 0
-    opens the express lane: sentences of at most that many source tokens decode in a batch of their own (at
-    most `express_rows` rows), stepped first, with `express_share` of the time while both batches run.
+    full, or the callers the worker last answered are all back); at most max_queue sentences wait.
+    `inflight`: waiting sentences join the running batch at the next step (False: they wait for it to end;
+    docs/benchmarks.md measures both). In flight, `express_tokens` > 0 opens the express lane: sentences of at
+    most that many source tokens decode in a batch of their own (at most `express_rows` rows), stepped first,
+    with `express_share` of the time while both batches run.
 
     Admission: a request is refused before it is queued (BatchingTranslator.submit_ids) if its beam is above
     max_beam or max_batch_rows (a beam's rows decode in one batch), if it asks for more than max_new_tokens
