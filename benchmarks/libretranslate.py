@@ -45,10 +45,11 @@ packages from one process (`SERVE_MANY = False`: one server a pair, each request
    `q, source, target` as `LibreTranslateAPI(url).translate` sends them. Neither sends an API key (Mastodon's
    api_key is null, libretranslatepy leaves the field out): LibreTranslate 1.9.6 caches the answers of requests
    whose api_key is "" (its --translation-cache default "" is split into [""], the list of keys to cache for),
-   and a cached answer takes it no time. The comparison above warms both engines up. Each level runs in
-   `--rounds` rounds of requests/rounds and seconds/rounds, the engines alternating, pooled. Reported:
-   requests/s, sentences/s, p50/p99 latency (and p50 per pair), errors, and twostep / LibreTranslate ratios
-   against the issue's targets (>= 3x throughput at 32 clients; lower p50 at 1). The machine is shared with
+   and a cached answer takes it no time. The comparison above warms both engines up. The load runs for each
+   model size apart (small: the tiny pairs' requests; Argos-sized: en-es's), each level in `--rounds` rounds of
+   requests/rounds and seconds/rounds, the engines alternating, pooled. Reported, per size: requests/s,
+   sentences/s, p50/p99 latency (and p50 per pair), errors, and twostep / LibreTranslate ratios against the
+   issue's targets, for each size (>= 3x throughput at 32 clients; lower p50 at 1). The machine is shared with
    whatever else runs on it: the load average is printed.
 """
 
@@ -80,6 +81,7 @@ SERVE_MANY = True  # one `twostep serve ART1 ART2 ...` for every pair (False: a 
 ENGINES = ("libretranslate", "twostep")
 LABELS = {"libretranslate": f"LibreTranslate {LT_VERSION}", "twostep": "twostep serve"}
 TARGETS = {"throughput": (32, 3.0), "p50": (1, 1.0)}  # the issue's: >= 3x requests/s at 32 clients, lower p50 at 1
+SIZES = ("small", "Argos-sized")  # the tiny trained pairs, the Transformer base pair: each size's load is its own
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -124,6 +126,10 @@ class Pair:
     @property
     def name(self) -> str:
         return f"{self.source}-{self.target}"
+
+    @property
+    def size(self) -> str:  # the load is run, and reported, for each size apart
+        return SIZES[1] if self.base else SIZES[0]
 
 
 PAIRS = (Pair("en", "es", tuple(EN), True), Pair("en", "fr", tuple(EN_SMALL), False),
@@ -548,14 +554,15 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (at - low)
 
 
-def ratios(rows: list[dict], levels: list[int]) -> list[dict]:
-    by = {(r["engine"], r["clients"]): r for r in rows}
+def ratios(rows: list[dict], sizes: list[str], levels: list[int]) -> list[dict]:
+    """twostep / LibreTranslate at each size and level, against the targets (each size's own)."""
+    by = {(r["size"], r["engine"], r["clients"]): r for r in rows}
     out = []
-    for clients in levels:
-        lt, ts = by.get(("libretranslate", clients)), by.get(("twostep", clients))
+    for size, clients in ((size, clients) for size in sizes for clients in levels):
+        lt, ts = by.get((size, "libretranslate", clients)), by.get((size, "twostep", clients))
         if lt is None or ts is None or not lt["ok"] or not ts["ok"]:
             continue
-        row = {"clients": clients, "throughput": ts["requests_per_s"] / lt["requests_per_s"],
+        row = {"size": size, "clients": clients, "throughput": ts["requests_per_s"] / lt["requests_per_s"],
                "sentences": ts["sentences_per_s"] / lt["sentences_per_s"], "p50": ts["p50_ms"] / lt["p50_ms"],
                "p99": ts["p99_ms"] / lt["p99_ms"]}
         for what, (at, target) in TARGETS.items():
@@ -585,29 +592,30 @@ def report(meta: dict, same: dict, rows: list[dict], ratio_rows: list[dict]) -> 
         for kind, r in same["kinds"].items():
             lines.append(f"| {kind} | {r['requests']} | {r['identical']} ({r['identical_rate']:.0%}) |")
         lines.append("")
-    lines += ["| clients | engine | requests | requests/s | sentences/s | p50 ms | p99 ms | errors |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| model size | clients | engine | requests | requests/s | sentences/s | p50 ms | p99 ms | errors |",
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['clients']} | {LABELS[r['engine']]} | {r['ok']} | {r['requests_per_s']:.2f} | "
-                     f"{r['sentences_per_s']:.2f} | {r['p50_ms']:,.0f} | {r['p99_ms']:,.0f} | {r['errors']} |")
+        lines.append(f"| {r['size']} | {r['clients']} | {LABELS[r['engine']]} | {r['ok']} | "
+                     f"{r['requests_per_s']:.2f} | {r['sentences_per_s']:.2f} | {r['p50_ms']:,.0f} | "
+                     f"{r['p99_ms']:,.0f} | {r['errors']} |")
     names = list(dict.fromkeys(name for r in rows for name in r.get("p50_ms_by_pair", {})))
-    if names:
-        lines += ["", "| clients | engine | " + " | ".join(f"{n} p50 ms" for n in names) + " |",
-                  "|---:|---|" + "---:|" * len(names)]
+    if len(names) > len(meta.get("sizes", ())):  # a size of several pairs: each pair's p50
+        lines += ["", "| model size | clients | engine | " + " | ".join(f"{n} p50 ms" for n in names) + " |",
+                  "|---|---:|---|" + "---:|" * len(names)]
         for r in rows:
             cells = [f"{r['p50_ms_by_pair'][n]:,.0f}" if n in r["p50_ms_by_pair"] else "-" for n in names]
-            lines.append(f"| {r['clients']} | {LABELS[r['engine']]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {r['size']} | {r['clients']} | {LABELS[r['engine']]} | " + " | ".join(cells) + " |")
     if ratio_rows:
-        lines += ["", "| clients | twostep / LibreTranslate requests/s | sentences/s | p50 | p99 | target | met |",
-                  "|---:|---:|---:|---:|---:|---|---|"]
+        lines += ["", "| model size | clients | twostep / LibreTranslate requests/s | sentences/s | p50 | p99 | target "
+                  "| met |", "|---|---:|---:|---:|---:|---:|---|---|"]
         for r in ratio_rows:
             target, met = "-", "-"
             if "throughput_target" in r:
                 target, met = f">= {r['throughput_target']:.0f}x requests/s", "yes" if r["throughput_met"] else "NO"
             if "p50_target" in r:
                 target, met = "lower p50", "yes" if r["p50_met"] else "NO"
-            lines.append(f"| {r['clients']} | {r['throughput']:.2f}x | {r['sentences']:.2f}x | {r['p50']:.2f}x | "
-                         f"{r['p99']:.2f}x | {target} | {met} |")
+            lines.append(f"| {r['size']} | {r['clients']} | {r['throughput']:.2f}x | {r['sentences']:.2f}x | "
+                         f"{r['p50']:.2f}x | {r['p99']:.2f}x | {target} | {met} |")
     return "\n".join(lines)
 
 
@@ -676,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = prepare(work, pairs, args.dtype, log)
 
     texts, mix = text_requests(pairs), load_requests(pairs, args.mastodon_source)
+    sizes = [size for size in SIZES if any(q.size == size for q in pairs)]
     engines: dict[str, Engine] = {}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the servers are closed on the way out
     load_before = load_average()
@@ -692,28 +701,31 @@ def main(argv: list[str] | None = None) -> int:
             engines["twostep"] = Engine("twostep", {n: s.url for n, s in servers.items()}, list(servers.values()))
         log(f"same requests, one at a time: {len(texts)} texts and {len(mix)} load requests to each engine")
         same = asyncio.run(compare(engines, texts + unique(mix)))
-        for i, clients in enumerate(levels):
-            runs: dict[str, list[dict]] = {name: [] for name in engines}
-            for r in range(args.rounds):
-                order = list(engines) if (i + r) % 2 == 0 else list(engines)[::-1]
-                for name in order:
-                    start = sum(run["sent"] for run in runs[name])
-                    run = asyncio.run(closed_loop(engines[name], mix, clients, args.requests // args.rounds,
-                                                  args.seconds / args.rounds, start))
-                    runs[name].append(run)
-                    log(f"{clients} clients, round {r + 1}/{args.rounds}, {name}: {len(run['latencies'])} answered in "
-                        f"{run['wall_s']:.1f} s, {len(run['errors'])} errors")
-            rows += [summary(name, clients, runs[name]) for name in engines]
+        for size in sizes:
+            sized = [r for r in mix if r.pair.size == size]
+            for i, clients in enumerate(levels):
+                runs: dict[str, list[dict]] = {name: [] for name in engines}
+                for r in range(args.rounds):
+                    order = list(engines) if (i + r) % 2 == 0 else list(engines)[::-1]
+                    for name in order:
+                        start = sum(run["sent"] for run in runs[name])
+                        run = asyncio.run(closed_loop(engines[name], sized, clients, args.requests // args.rounds,
+                                                      args.seconds / args.rounds, start))
+                        runs[name].append(run)
+                        log(f"{size}, {clients} clients, round {r + 1}/{args.rounds}, {name}: "
+                            f"{len(run['latencies'])} answered in {run['wall_s']:.1f} s, {len(run['errors'])} errors")
+                rows += [{"size": size, **summary(name, clients, runs[name])} for name in engines]
     finally:
         for engine in engines.values():
             engine.close()
-    rows.sort(key=lambda r: (r["clients"], ENGINES.index(r["engine"])))
+    rows.sort(key=lambda r: (SIZES.index(r["size"]), r["clients"], ENGINES.index(r["engine"])))
 
     cpu, features = cpu_info()
     meta = {"cpu": cpu, "cpu_features": features, "cores": os.cpu_count(), "threads": args.threads,
             "dtype": args.dtype, "serve_many": SERVE_MANY, "mastodon_source": args.mastodon_source,
             "pairs": ", ".join(f"{q.name} ({'Argos-sized, random, int8' if q.base else 'tiny, int8'})" for q in pairs),
-            "clients": levels, "max_requests": args.requests, "max_seconds": args.seconds, "rounds": args.rounds,
+            "clients": levels, "sizes": sizes, "max_requests": args.requests, "max_seconds": args.seconds,
+            "rounds": args.rounds,
             "date": time.strftime("%Y-%m-%d %H:%M"), "python": sys.version.split()[0], "skipped": skipped,
             "versions": lt_version_info(args.lt_venv) if "libretranslate" in engines else {},
             "load_mix": {kind: sum(r.kind == kind for r in mix) for kind in ("mastodon", "libretranslatepy")},
@@ -722,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
     eos_fit = work / "packages" / "build-en-es" / "eos_fit.json"
     if eos_fit.is_file():
         meta["eos_fit"] = json.loads(eos_fit.read_text())
-    ratio_rows = ratios(rows, levels)
+    ratio_rows = ratios(rows, sizes, levels)
     table = report(meta, same, rows, ratio_rows)
     print(table)
     if args.markdown:

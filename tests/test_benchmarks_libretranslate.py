@@ -32,8 +32,8 @@ def run(tmp_path, work, venv) -> dict:
 
 
 def check_rows(result: dict, engines: set[str]) -> None:
-    rows = {(r["engine"], r["clients"]): r for r in result["rows"]}
-    assert set(rows) == {(e, 1) for e in engines}
+    rows = {(r["size"], r["engine"], r["clients"]): r for r in result["rows"]}
+    assert set(rows) == {("small", e, 1) for e in engines}  # --tiny: the small pairs only
     for r in rows.values():
         assert r["ok"] == r["sent"] == 6 and r["errors"] == 0
         assert r["requests_per_s"] > 0 and r["sentences_per_s"] > r["requests_per_s"] and 0 < r["p50_ms"] <= r["p99_ms"]
@@ -47,7 +47,7 @@ def test_twostep_side_without_libretranslate(tmp_path, work):
     assert not (tmp_path / "no-venv").exists()
     check_rows(result, {"twostep"})
     assert result["same"]["compared"] is False and result["ratios"] == []
-    assert "| 1 | twostep serve | 6 |" in (tmp_path / "table.md").read_text()
+    assert "| small | 1 | twostep serve | 6 |" in (tmp_path / "table.md").read_text()
 
 
 def test_both_sides(tmp_path, work):
@@ -61,5 +61,6 @@ def test_both_sides(tmp_path, work):
     for row in kinds.values():
         assert row["requests"] > 0 and 0 <= row["identical_rate"] <= 1
     (ratio,) = result["ratios"]
-    assert ratio["clients"] == 1 and ratio["throughput"] > 0 and isinstance(ratio["p50_met"], bool)
+    assert (ratio["size"], ratio["clients"]) == ("small", 1)
+    assert ratio["throughput"] > 0 and isinstance(ratio["p50_met"], bool)
     assert result["meta"]["versions"]["libretranslate"] == libretranslate.LT_VERSION
