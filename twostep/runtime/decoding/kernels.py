@@ -142,8 +142,9 @@ def repeated_ngrams(sequences: np.ndarray, lengths: np.ndarray, n: int) -> tuple
     return r, windows[r, w, n - 1]
 
 
-def rows_of(logits: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """logits[at]: a view where the rows are one run (the common case), else a copy."""
+def rows_index(at: np.ndarray) -> slice | np.ndarray:
+    """What selects rows `at` of an array: a slice (a view) where they are one run (the common case), else `at`
+    (a copy). Made once each time a group's rows change, not at each of a step's reads."""
     if len(at) and at[-1] - at[0] == len(at) - 1 and (len(at) < 3 or (np.diff(at) == 1).all()):
-        return logits[at[0] : at[-1] + 1]
-    return logits[at]
+        return slice(int(at[0]), int(at[-1]) + 1)
+    return at

@@ -16,7 +16,7 @@ from twostep.runtime.decoding.kernels import (
     beam_candidates_from_top,
     log_softmax,
     repeated_ngrams,
-    rows_of,
+    rows_index,
 )
 from twostep.runtime.decoding.options import DecodeOptions, Hypothesis, Specials
 
@@ -47,6 +47,15 @@ class Group:
 
     def __len__(self) -> int:
         return len(self.owners)
+
+    @property
+    def at(self) -> np.ndarray:
+        """Each sentence's rows in the batch (k a sentence, in turn); `index` selects them from a step's arrays."""
+        return self._at
+
+    @at.setter
+    def at(self, rows: np.ndarray) -> None:
+        self._at, self.index = rows, rows_index(rows)
 
     def join(self, sources: list[list[int]], limits: list[int], owners: list, rows: np.ndarray,
              forced: list[int] | None = None, streams: list[bool] | None = None) -> None:
@@ -157,7 +166,7 @@ class Greedy(Group):
 
     def advance(self, step: dict[str, np.ndarray]) -> tuple[dict[int, list[Hypothesis]], np.ndarray, None]:
         if "logits" in step:
-            logits = rows_of(step["logits"], self.at)
+            logits = step["logits"][self.index]
             if self.blocked:
                 logits[:, self.blocked] = -np.inf
             self.block_early_eos(logits)
@@ -165,7 +174,7 @@ class Greedy(Group):
                 logits[banned] = -np.inf
             next_ids = self.pick(logits)
         else:  # the first of each row's best that is not blocked: argmax's pick, ties to the lower id
-            ids = rows_of(step["top_ids"], self.at)
+            ids = step["top_ids"][self.index]
             first = ~np.isin(ids, self.blocked) if self.blocked else np.ones(ids.shape, bool)
             next_ids = ids[np.arange(len(ids)), first.argmax(1)]
         self.out[np.arange(len(self)), self.steps] = next_ids
@@ -304,12 +313,12 @@ class Beam(Group):
         n, k = len(self), self.k
         if "logits" in step:
             vocab = step["logits"].shape[1]
-            total, flat = self.from_logits(rows_of(step["logits"], self.at))  # (n*K, V)
+            total, flat = self.from_logits(step["logits"][self.index])  # (n*K, V)
         else:
             vocab = ANY_VOCAB
             total, flat = beam_candidates_from_top(
-                rows_of(step["top_logits"], self.at), rows_of(step["top_ids"], self.at),
-                rows_of(step["log_norm"], self.at), self.scores, 2 * k, vocab, self.blocked)
+                step["top_logits"][self.index], step["top_ids"][self.index],
+                step["log_norm"][self.index], self.scores, 2 * k, vocab, self.blocked)
         beam, token = np.divmod(flat, vocab)
         if self.ct2_rule:
             return self.advance_ctranslate2(total, beam, token)
