@@ -21,10 +21,13 @@ LT_WHEEL := $(VENV)/libretranslate/libretranslate-1.9.6-py3-none-any.whl
 $(LT_WHEEL): $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps libretranslate==1.9.6 -d $(VENV)/libretranslate
 
+# The suite on 2 workers (pytest-xdist), each test module on one worker; then, alone, the few tests marked
+# `serial` that measure memory and would measure the other worker too (docs/testing.md#how-make-test-runs).
 test: setup $(LT_WHEEL)
 	$(BIN)/lint-imports
 	$(BIN)/ruff check twostep tests benchmarks scripts
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadscope -m "not serial"
+	$(BIN)/python -m pytest -p no:xdist -m serial
 
 # Mutation testing (docs/testing.md): hours on 2 cores, so neither `make test` nor CI runs it. SCOPES=files runs
 # one scope of pyproject.toml's [tool.mutmut.scopes]; results and reports land in mutants/.

@@ -17,6 +17,7 @@ import torch
 
 import hf_models
 from cpp_helpers import CPP
+from shared_fixture import built_once
 from twostep.model.checkpoint import save_checkpoint
 from twostep.model.config import preset
 from twostep.model.transformer import Transformer
@@ -47,18 +48,20 @@ def tiny_artifact(tmp_path_factory) -> tuple[Path, Path]:
     """(artifact dir, checkpoint dir) of a tiny random model, exported once per session."""
     from twostep.exporter.export import export
 
-    root = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    ckpt = save_checkpoint(Transformer(preset("tiny", 50, 60, dropout=0.0)), root / "ckpt")
-    export(ckpt, root / "art", variants=[])  # the plain graphs only
-    return root / "art", ckpt
+    def build(root):
+        torch.manual_seed(0)
+        ckpt = save_checkpoint(Transformer(preset("tiny", 50, 60, dropout=0.0)), root / "ckpt")
+        export(ckpt, root / "art", variants=[])  # the plain graphs only
+        return root / "art", ckpt
+
+    return built_once(tmp_path_factory, "tiny", build)
 
 
 @pytest.fixture(scope="session")
 def demo_artifact(tmp_path_factory, demo_model_dir) -> Path:
     from twostep.exporter.export import export
 
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo") / "art", variants=[]).path  # the plain graphs only
+    return built_once(tmp_path_factory, "demo", lambda root: export(demo_model_dir, root / "art", variants=[]).path)
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +70,8 @@ def demo_inplace(tmp_path_factory, demo_model_dir):
     standard form (`--variant decoder_inplace_standard`) besides (ExportResult)."""
     from twostep.exporter.export import export
 
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo-inplace") / "art", also=["decoder_inplace_standard"])
+    return built_once(tmp_path_factory, "demo-inplace",
+                      lambda root: export(demo_model_dir, root / "art", also=["decoder_inplace_standard"]))
 
 
 @pytest.fixture(scope="session")
@@ -77,9 +81,12 @@ def demo_external(tmp_path_factory, demo_model_dir, demo_inplace) -> Path:
     from twostep.exporter import shared
     from twostep.exporter.export import export
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(shared, "EXTERNAL_DATA_BYTES", 0)
-        return export(demo_model_dir, tmp_path_factory.mktemp("demo-external") / "art").path
+    def build(root):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(shared, "EXTERNAL_DATA_BYTES", 0)
+            return export(demo_model_dir, root / "art").path
+
+    return built_once(tmp_path_factory, "demo-external", build)
 
 
 @pytest.fixture(scope="session")
@@ -88,24 +95,27 @@ def base_export(tmp_path_factory):
     from twostep.exporter.export import export
     from twostep.model.init import init_checkpoint
 
-    root = tmp_path_factory.mktemp("base")
-    ckpt = init_checkpoint(root / "ckpt", "base", 32000)
-    return export(ckpt.path, root / "art", variants=[])  # the plain graphs only
+    def build(root):
+        ckpt = init_checkpoint(root / "ckpt", "base", 32000)
+        return export(ckpt.path, root / "art", variants=[])  # the plain graphs only
+
+    return built_once(tmp_path_factory, "base", build)
 
 
 @pytest.fixture(scope="session")
 def demo_int8(tmp_path_factory, demo_model_dir) -> Path:
     from twostep.exporter.export import export
 
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo-int8") / "art", dtype="int8",
-                  also=["decoder_inplace_standard"]).path
+    return built_once(tmp_path_factory, "demo-int8", lambda root: export(
+        demo_model_dir, root / "art", dtype="int8", also=["decoder_inplace_standard"]).path)
 
 
 @pytest.fixture(scope="session")
 def demo_int4(tmp_path_factory, demo_model_dir) -> Path:
     from twostep.exporter.export import export
 
-    return export(demo_model_dir, tmp_path_factory.mktemp("demo-int4") / "art", dtype="int4").path
+    return built_once(tmp_path_factory, "demo-int4",
+                      lambda root: export(demo_model_dir, root / "art", dtype="int4").path)
 
 
 @pytest.fixture(scope="session")
@@ -114,19 +124,22 @@ def cpp_build(tmp_path_factory) -> Path:
     missing = [tool for tool in ("cmake", "ctest", "make", "g++") if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"building the C++ embedding needs {', '.join(missing)} (apt-get install cmake g++ make)")
-    build = tmp_path_factory.mktemp("cpp-build")
     env = {**os.environ, "PYTHON": sys.executable}
-    steps = [
-        ["bash", str(CPP / "fetch_deps.sh")],
-        ["cmake", "-S", str(CPP), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"],
-        ["cmake", "--build", str(build), "-j", "2"],
-    ]
-    for cmd in steps:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            pytest.fail(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
-                        f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}", pytrace=False)
-    return build
+
+    def build(folder):
+        steps = [
+            ["bash", str(CPP / "fetch_deps.sh")],
+            ["cmake", "-S", str(CPP), "-B", str(folder), "-DCMAKE_BUILD_TYPE=Release"],
+            ["cmake", "--build", str(folder), "-j", "2"],
+        ]
+        for cmd in steps:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                pytest.fail(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
+                            f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}", pytrace=False)
+        return folder
+
+    return built_once(tmp_path_factory, "cpp-build", build)
 
 
 @dataclass(frozen=True)
@@ -177,16 +190,19 @@ def pretrained(request, tmp_path_factory) -> Pretrained:
     from twostep.exporter.export import export
     from twostep.model.hf import import_hf_directory
 
-    build, langs, other_target = PRETRAINED[request.param]
-    root = tmp_path_factory.mktemp(request.param)
-    hf = build(root / "hf")
-    import_hf_directory(hf, root / "ckpt")
-    export(root / "ckpt", root / "art")
-    sentences = hf_models.TEST_SENTENCES
-    greedy = hf_models.reference(hf, sentences, NEW_TOKENS, **langs)[:2]
-    *beam, beam_scores = hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs)
-    return Pretrained(request.param, hf, root / "ckpt", root / "art", langs, greedy, tuple(beam), other_target,
-                      beam_scores)
+    make, langs, other_target = PRETRAINED[request.param]
+
+    def build(root):
+        hf = make(root / "hf")
+        import_hf_directory(hf, root / "ckpt")
+        export(root / "ckpt", root / "art")
+        sentences = hf_models.TEST_SENTENCES
+        greedy = hf_models.reference(hf, sentences, NEW_TOKENS, **langs)[:2]
+        *beam, beam_scores = hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs)
+        return Pretrained(request.param, hf, root / "ckpt", root / "art", langs, greedy, tuple(beam), other_target,
+                          beam_scores)
+
+    return built_once(tmp_path_factory, request.param, build)
 
 
 @dataclass(frozen=True)
@@ -210,25 +226,27 @@ def ct2_models(tmp_path_factory) -> CT2Models:
     pytest.importorskip("transformers", reason="the Marian CTranslate2 fixture is converted from transformers")
     import ct2_models as build
 
-    root = tmp_path_factory.mktemp("ct2")
-    seconds = {}
+    def make(root):
+        seconds = {}
 
-    def timed(name, make, *args, **kwargs):
-        start = time.perf_counter()
-        path = make(*args, **kwargs)
-        seconds[name] = round(time.perf_counter() - start, 2)
-        return path
+        def timed(name, make, *args, **kwargs):
+            start = time.perf_counter()
+            path = make(*args, **kwargs)
+            seconds[name] = round(time.perf_counter() - start, 2)
+            return path
 
-    ckpt = timed("opennmt_py", build.opennmt_py_checkpoint, root / "opennmt_py")
-    ct2 = timed("ct2", build.convert_opennmt_py, ckpt, root / "ct2")
-    ct2_int8 = timed("ct2_int8", build.convert_opennmt_py, ckpt, root / "ct2-int8", quantization="int8")
-    marian = timed("marian", build.marian_ct2, root / "marian")
-    spm_file = ckpt.parent / "sentencepiece.model"
-    argos = timed("argos", build.argos_package, ct2_int8, spm_file, root / "argos")
-    with zipfile.ZipFile(argos) as archive:  # argostranslate.package.install_from_path
-        archive.extractall(root / "argos-installed")
-    return CT2Models(ckpt, spm_file, ct2, ct2_int8, marian, root / "marian" / "hf", argos,
-                     root / "argos-installed" / argos.stem, seconds)
+        ckpt = timed("opennmt_py", build.opennmt_py_checkpoint, root / "opennmt_py")
+        ct2 = timed("ct2", build.convert_opennmt_py, ckpt, root / "ct2")
+        ct2_int8 = timed("ct2_int8", build.convert_opennmt_py, ckpt, root / "ct2-int8", quantization="int8")
+        marian = timed("marian", build.marian_ct2, root / "marian")
+        spm_file = ckpt.parent / "sentencepiece.model"
+        argos = timed("argos", build.argos_package, ct2_int8, spm_file, root / "argos")
+        with zipfile.ZipFile(argos) as archive:  # argostranslate.package.install_from_path
+            archive.extractall(root / "argos-installed")
+        return CT2Models(ckpt, spm_file, ct2, ct2_int8, marian, root / "marian" / "hf", argos,
+                         root / "argos-installed" / argos.stem, seconds)
+
+    return built_once(tmp_path_factory, "ct2", make)
 
 
 
@@ -241,12 +259,14 @@ def opus_mt_bpe(tmp_path_factory) -> tuple[Path, Path]:
     pytest.importorskip("transformers", reason="its weights are trained as a transformers MarianMTModel")
     import ct2_models as build
 
-    root = tmp_path_factory.mktemp("opus-mt-bpe")
-    ct2, codes = build.marian_bpe_ct2(root / "marian")
-    package = build.argos_package(ct2, codes, root / "package", tokenizer="bpe.model")
-    with zipfile.ZipFile(package) as archive:
-        archive.extractall(root / "installed")
-    return package, root / "installed" / package.stem
+    def make(root):
+        ct2, codes = build.marian_bpe_ct2(root / "marian")
+        package = build.argos_package(ct2, codes, root / "package", tokenizer="bpe.model")
+        with zipfile.ZipFile(package) as archive:
+            archive.extractall(root / "installed")
+        return package, root / "installed" / package.stem
+
+    return built_once(tmp_path_factory, "opus-mt-bpe", make)
 
 
 @pytest.fixture(scope="session")
@@ -255,10 +275,12 @@ def opus_mt_bpe_artifact(opus_mt_bpe, tmp_path_factory) -> Path:
     from twostep.exporter.export import export
     from twostep.model.sources import import_model
 
-    root = tmp_path_factory.mktemp("opus-mt-bpe-artifact")
-    import_model(opus_mt_bpe[0], root / "ckpt")
-    export(root / "ckpt", root / "art")
-    return root / "art"
+    def build(root):
+        import_model(opus_mt_bpe[0], root / "ckpt")
+        export(root / "ckpt", root / "art")
+        return root / "art"
+
+    return built_once(tmp_path_factory, "opus-mt-bpe-artifact", build)
 
 
 @pytest.fixture(scope="session")
@@ -267,10 +289,12 @@ def argos_artifact(ct2_models, tmp_path_factory) -> Path:
     from twostep.exporter.export import export
     from twostep.model.sources import import_model
 
-    root = tmp_path_factory.mktemp("argos-artifact")
-    import_model(ct2_models.argos, root / "ckpt")
-    export(root / "ckpt", root / "art")
-    return root / "art"
+    def build(root):
+        import_model(ct2_models.argos, root / "ckpt")
+        export(root / "ckpt", root / "art")
+        return root / "art"
+
+    return built_once(tmp_path_factory, "argos-artifact", build)
 
 @pytest.fixture(scope="session")
 def argos_pairs(ct2_models, argos_artifact, tmp_path_factory) -> dict[tuple[str, str], Path]:
@@ -281,15 +305,17 @@ def argos_pairs(ct2_models, argos_artifact, tmp_path_factory) -> dict[tuple[str,
     from twostep.exporter.export import export
     from twostep.model.sources import import_model
 
-    root = tmp_path_factory.mktemp("argos-pairs")
-    out = {("en", "fr"): argos_artifact}
-    for source, target in (("de", "en"), ("en", "es")):
-        name = f"{source}_{target}"
-        package = build.argos_package(ct2_models.ct2_int8, ct2_models.spm, root / name, source, target)
-        import_model(package, root / name / "ckpt")
-        export(root / name / "ckpt", root / "artifacts" / name)
-        out[source, target] = root / "artifacts" / name
-    return out
+    def make(root):
+        out = {("en", "fr"): argos_artifact}
+        for source, target in (("de", "en"), ("en", "es")):
+            name = f"{source}_{target}"
+            package = build.argos_package(ct2_models.ct2_int8, ct2_models.spm, root / name, source, target)
+            import_model(package, root / name / "ckpt")
+            export(root / name / "ckpt", root / "artifacts" / name)
+            out[source, target] = root / "artifacts" / name
+        return out
+
+    return built_once(tmp_path_factory, "argos-pairs", make)
 
 
 # The tests of mbart50_hub take the session's mBART-50 model: `@ONLY_MBART50` picks it among PRETRAINED (a whole
@@ -305,12 +331,14 @@ def mbart50_hub(pretrained, tmp_path_factory) -> Pretrained:
     from twostep.exporter.export import export
     from twostep.model.hf import import_hf_directory
 
-    root = tmp_path_factory.mktemp("mbart50-hub")
-    hf = hf_models.mbart50_hub_layout(pretrained.hf, root / "hf")
-    import_hf_directory(hf, root / "ckpt")
-    export(root / "ckpt", root / "art", variants=[])
-    sentences, langs = hf_models.TEST_SENTENCES, pretrained.langs
-    greedy = hf_models.reference(hf, sentences, NEW_TOKENS, **langs)[:2]
-    *beam, beam_scores = hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs)
-    return Pretrained("mbart50-hub", hf, root / "ckpt", root / "art", langs, greedy, tuple(beam),
-                      pretrained.other_target, beam_scores)
+    def build(root):
+        hf = hf_models.mbart50_hub_layout(pretrained.hf, root / "hf")
+        import_hf_directory(hf, root / "ckpt")
+        export(root / "ckpt", root / "art", variants=[])
+        sentences, langs = hf_models.TEST_SENTENCES, pretrained.langs
+        greedy = hf_models.reference(hf, sentences, NEW_TOKENS, **langs)[:2]
+        *beam, beam_scores = hf_models.reference(hf, sentences, NEW_TOKENS, beams=4, **langs)
+        return Pretrained("mbart50-hub", hf, root / "ckpt", root / "art", langs, greedy, tuple(beam),
+                          pretrained.other_target, beam_scores)
+
+    return built_once(tmp_path_factory, "mbart50-hub", build)

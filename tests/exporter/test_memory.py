@@ -27,6 +27,10 @@ from twostep.model.checkpoint import save_checkpoint
 from twostep.model.config import preset
 from twostep.model.transformer import Transformer
 
+# Peaks of PSS, whose shared pages count less while another worker's processes map the same libraries:
+# `make test` runs these alone
+pytestmark = pytest.mark.serial
+
 EXPORT = """
 import sys
 from twostep.exporter import shared
