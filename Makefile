@@ -26,7 +26,7 @@ $(LT_WHEEL): $(STAMP)
 test: setup $(LT_WHEEL)
 	$(BIN)/lint-imports
 	$(BIN)/ruff check twostep tests benchmarks scripts
-	$(BIN)/python -m pytest -n 2 --dist loadscope -m "not serial"
+	$(BIN)/python -m pytest -n 2 --dist loadscope -m "not serial" --durations=25
 	$(BIN)/python -m pytest -p no:xdist -m serial
 
 # Mutation testing (docs/testing.md): hours on 2 cores, so neither `make test` nor CI runs it. SCOPES=files runs

@@ -86,14 +86,6 @@ def timed_server(argv: list[str], out: Path) -> None:
     main()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_clients(url: str, clients: int, requests: int, body) -> tuple[list[float], float]:
     """`clients` threads, each with its own connection, sending until `requests` were sent: each answer's
     latency (seconds) and the wall time."""
@@ -164,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
-    from benchmarks.libretranslate import cpu_info, load_average
+    from benchmarks.libretranslate import cpu_info, free_port, load_average
 
     texts = args.text or TEXTS
     body = lambda i: {"q": texts[i % len(texts)], "source": args.source, "target": args.target}  # noqa: E731
