@@ -1,0 +1,118 @@
+"""Glossaries: where a glossary's source terms occur in a text, the first step of terminology (issue 50).
+
+A glossary is a list of entries, each a source term and the target variants that may translate it (any one of
+them). `Glossary.find(text)` gives the terms found in a text:
+
+- at word boundaries: a term is not found inside a longer word ("cat" is not in "category"); a term's edge that is
+  a letter or digit must not touch another letter or digit, except in scripts written without spaces between
+  words (Chinese, Japanese, Thai, ...), where any position is a boundary;
+- case-folded where the entry (or the whole glossary) ignores case (str.casefold, so "STRASSE" finds "Straße"),
+  exactly as written otherwise;
+- leftmost-longest and without overlap: of the terms found, the one that starts first wins, of those that start
+  there the longest, and of two found at one place the entry of exact case before one that ignores it; the
+  search goes on after it.
+
+Every occurrence of every term is found by one Aho-Corasick automaton per case rule (ahocorasick-rs, MIT/Apache),
+then the boundary rule is applied, then leftmost-longest is chosen among what is left: a candidate the boundary
+rule refuses never hides a shorter one at the same place or a later one inside it.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from twostep.errors import BadInput
+
+# Scripts written without spaces between words: a term's edge there is a boundary wherever it falls.
+UNSPACED = ("CJK", "HIRAGANA", "KATAKANA", "THAI", "LAO", "KHMER", "MYANMAR", "TIBETAN", "IDEOGRAPHIC")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A source term and the target variants that translate it (any one of them)."""
+
+    source: str
+    targets: tuple[str, ...]
+    ignore_case: bool = False
+
+    def __post_init__(self):
+        if not self.source.strip():
+            raise BadInput("a glossary entry has an empty source term")
+        if not self.targets or not all(t.strip() for t in self.targets):
+            raise BadInput(f"the glossary entry {self.source!r} has an empty target term")
+
+
+@dataclass(frozen=True)
+class Found:
+    """An entry found in a text, at text[start:end]."""
+
+    start: int
+    end: int
+    entry: Entry
+
+
+class Glossary:
+    """Entries, searched for in texts (see the module's docstring). Two entries of one source term (under one case
+    rule) are refused: which targets would apply is not said."""
+
+    def __init__(self, entries: Sequence[Entry]):
+        import ahocorasick_rs
+
+        self.entries = tuple(entries)
+        self._searches = []
+        for ignore_case in (False, True):
+            chosen = [e for e in self.entries if e.ignore_case == ignore_case]
+            if not chosen:
+                continue
+            keys = [e.source.casefold() if ignore_case else e.source for e in chosen]
+            repeated = sorted({k for k in keys if keys.count(k) > 1})
+            if repeated:
+                raise BadInput(f"the glossary has the source term {repeated[0]!r} twice")
+            automaton = ahocorasick_rs.AhoCorasick(keys, matchkind=ahocorasick_rs.MatchKind.Standard)
+            self._searches.append((ignore_case, automaton, chosen))
+
+    def find(self, text: str) -> list[Found]:
+        """The entries found in `text`, leftmost-longest, without overlap, in the order they occur."""
+        candidates: list[Found] = []
+        for ignore_case, automaton, chosen in self._searches:
+            haystack, origin = folded(text) if ignore_case else (text, None)
+            for index, start, end in automaton.find_matches_as_indexes(haystack, overlapping=True):
+                if origin is not None:  # back to the text's own positions: a fold may change a length
+                    if (start and origin[start] == origin[start - 1]) or (
+                            end < len(origin) and origin[end] == origin[end - 1]):
+                        continue  # it starts or ends inside one character's fold
+                    start, end = origin[start], (origin[end] if end < len(origin) else len(text))
+                if bounded(text, start, end):
+                    candidates.append(Found(start, end, chosen[index]))
+        out: list[Found] = []
+        for found in sorted(candidates, key=lambda f: (f.start, f.start - f.end, f.entry.ignore_case)):
+            if not out or found.start >= out[-1].end:
+                out.append(found)
+        return out
+
+
+def folded(text: str) -> tuple[str, list[int]]:
+    """text.casefold(), and for each of its characters the index of the text's character it comes from."""
+    pieces, origin = [], []
+    for i, char in enumerate(text):
+        fold = char.casefold()
+        pieces.append(fold)
+        origin += [i] * len(fold)
+    return "".join(pieces), origin
+
+
+def bounded(text: str, start: int, end: int) -> bool:
+    """Whether text[start:end] stands at word boundaries (see the module's docstring)."""
+    return not (start > 0 and joins(text[start - 1], text[start])) and not (
+        end < len(text) and joins(text[end - 1], text[end]))
+
+
+def joins(a: str, b: str) -> bool:
+    """Whether two neighbouring characters belong to one word: both letters or digits, of spaced scripts."""
+    return a.isalnum() and b.isalnum() and not (unspaced(a) or unspaced(b))
+
+
+def unspaced(char: str) -> bool:
+    return unicodedata.name(char, "").startswith(UNSPACED)
