@@ -20,8 +20,11 @@ rule refuses never hides a shorter one at the same place or a later one inside i
 from __future__ import annotations
 
 import unicodedata
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import ahocorasick_rs
 
 from twostep.errors import BadInput
 
@@ -58,8 +61,6 @@ class Glossary:
     rule) are refused: which targets would apply is not said."""
 
     def __init__(self, entries: Sequence[Entry]):
-        import ahocorasick_rs
-
         self.entries = tuple(entries)
         self._searches = []
         for ignore_case in (False, True):
@@ -67,7 +68,7 @@ class Glossary:
             if not chosen:
                 continue
             keys = [e.source.casefold() if ignore_case else e.source for e in chosen]
-            repeated = sorted({k for k in keys if keys.count(k) > 1})
+            repeated = sorted(k for k, n in Counter(keys).items() if n > 1)
             if repeated:
                 raise BadInput(f"the glossary has the source term {repeated[0]!r} twice")
             automaton = ahocorasick_rs.AhoCorasick(keys, matchkind=ahocorasick_rs.MatchKind.Standard)
