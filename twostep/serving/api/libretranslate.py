@@ -67,7 +67,7 @@ from twostep.serving.service import (
 from twostep.serving.suggestions import CODE, Suggestions
 
 PATHS = frozenset({"/translate", "/detect", "/translate_file"})  # which check their key themselves (body or header)
-# open with keys, as LibreTranslate's (a path ending in / : every path under it)
+# open with keys, as LibreTranslate's (FOLDER/*: every path under FOLDER/; middleware.is_open)
 OPEN = frozenset({"/languages", "/frontend/settings", "/health", "/spec", "/suggest", "/download_file/*"})
 ALIASES = {"zt": "zh-Hant", "pb": "pt-BR"}  # LibreTranslate's own codes (its libretranslate/language.py)
 REFUSED = Refused({Faulted: 500, NotReady: 503, Overloaded: 429, RateLimited: 429, TwostepError: 400}, {
