@@ -236,7 +236,8 @@ def gemm_floor(products: list[Product], rows: int, threads: int | None = 2, repe
 
 def measure(name: str, w: Workload, request: Callable[[], None], encode: Callable[[], None] | None,
             warmup: int, iters: int, tick: Callable[[], None] = lambda: None, load_s: float = 0.0) -> Result:
-    """Median whole-request time over `iters` after `warmup`; `encode` alone is timed to split off the encoder."""
+    """Median whole-request time over `iters` after `warmup`; `encode` alone is timed (its fastest run) to split
+    off the encoder."""
     for _ in range(warmup):
         request()
         tick()
@@ -250,7 +251,10 @@ def measure(name: str, w: Workload, request: Callable[[], None], encode: Callabl
             encode()
             encoder.append(time.perf_counter() - t0)
         tick()
-    total, enc = float(np.median(times)), float(np.median(encoder)) if encoder else 0.0
+    total = float(np.median(times))
+    # The encoder is part of every request: its fastest run, never more than the request's median, so that a
+    # noisy encoder run cannot give a negative step time.
+    enc = min(float(np.min(encoder)), total) if encoder else 0.0
     return Result(
         name, w, tokens_per_s=w.batch * w.new_tokens / total, ms_per_step=1000 * (total - enc) / w.new_tokens,
         latency_ms={p: 1000 * float(np.percentile(times, int(p[1:]))) for p in ("p50", "p95", "p99")},
