@@ -3,7 +3,10 @@ the Translator calls it. The product has no such entry points: it decodes throug
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+
+import numpy as np
 
 from twostep.errors import BadInput
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, Specials, StepSession, decode
@@ -41,3 +44,36 @@ def sample(session: StepSession, sources: Sequence[Sequence[int]], *, specials: 
     options = DecodeOptions(sampling=True, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     hyps = decode(session, sources, options, specials=specials, max_new_tokens=max_new_tokens)
     return [h[0].tokens for h in hyps]
+
+
+class HistorySession:
+    """A step session whose logits are a pseudo-random function of each row's history, so that every reorder
+    matters; `rounded` makes ties everywhere."""
+
+    def __init__(self, vocab: int, seed: int, rounded: bool):
+        self.vocab, self.seed, self.rounded = vocab, seed, rounded
+
+    def start(self, input_ids, attention_mask):
+        self.rows = [tuple(r[: n]) for r, n in zip(input_ids.tolist(), attention_mask.sum(1))]
+
+    def admit(self, input_ids, attention_mask, sources, rows):
+        self.rows += [()] * (max(rows) + 1 - len(self.rows))
+        for source, row in zip(sources, rows):
+            self.rows[row] = tuple(input_ids[source, : attention_mask[source].sum()].tolist())
+
+    def release(self, rows):
+        pass
+
+    def step(self, input_ids):
+        self.rows = [h + (int(t),) for h, t in zip(self.rows, input_ids[:, 0])]
+        out = np.empty((len(self.rows), self.vocab), np.float32)
+        for i, h in enumerate(self.rows):
+            row = np.random.default_rng([self.seed, len(h), *h]).standard_normal(self.vocab) * 3
+            out[i] = np.round(row) if self.rounded else row
+        return out
+
+    def reorder(self, origin, cache_only=False):
+        self.rows = [self.rows[i] for i in origin]
+
+    def claimed(self):
+        return contextlib.nullcontext()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 
 import search
-from search import SPECIALS
+from search import SPECIALS, HistorySession
 from twostep.errors import BadInput
 from twostep.runtime.backends.torch_backend import TorchSession
 from twostep.runtime.decoding import kernels
@@ -67,39 +65,6 @@ def test_bad_decoding_options(tiny_model):
         search.sample(session, SOURCES, temperature=0.0, **COMMON)
     with pytest.raises(BadInput, match="empty"):
         search.greedy(session, [[]], **COMMON)
-
-
-class HistorySession:
-    """A step session whose logits are a pseudo-random function of each row's history, so that every reorder
-    matters; `rounded` makes ties everywhere."""
-
-    def __init__(self, vocab: int, seed: int, rounded: bool):
-        self.vocab, self.seed, self.rounded = vocab, seed, rounded
-
-    def start(self, input_ids, attention_mask):
-        self.rows = [tuple(r[: n]) for r, n in zip(input_ids.tolist(), attention_mask.sum(1))]
-
-    def admit(self, input_ids, attention_mask, sources, rows):
-        self.rows += [()] * (max(rows) + 1 - len(self.rows))
-        for source, row in zip(sources, rows):
-            self.rows[row] = tuple(input_ids[source, : attention_mask[source].sum()].tolist())
-
-    def release(self, rows):
-        pass
-
-    def step(self, input_ids):
-        self.rows = [h + (int(t),) for h, t in zip(self.rows, input_ids[:, 0])]
-        out = np.empty((len(self.rows), self.vocab), np.float32)
-        for i, h in enumerate(self.rows):
-            row = np.random.default_rng([self.seed, len(h), *h]).standard_normal(self.vocab) * 3
-            out[i] = np.round(row) if self.rounded else row
-        return out
-
-    def reorder(self, origin, cache_only=False):
-        self.rows = [self.rows[i] for i in origin]
-
-    def claimed(self):
-        return contextlib.nullcontext()
 
 
 @pytest.mark.parametrize("vocab", [7, 300, 5000])

@@ -25,8 +25,9 @@ from typing import Protocol
 import numpy as np
 
 from twostep.errors import BadInput
+from twostep.runtime.decoding.constraints import Constraints
 from twostep.runtime.decoding.options import DecodeOptions, Hypothesis, Specials
-from twostep.runtime.decoding.search import Beam, Group, strategy
+from twostep.runtime.decoding.search import ConstrainedBeam, Group, strategy
 
 
 class StepSession(Protocol):
@@ -84,7 +85,8 @@ class Entry:
     token); they count as generated tokens (against the limit, in beam search's length), as transformers
     counts them, and hypotheses leave them out. `stream`: its owner wants its tokens so far after each step
     (RunningBatch.progress). `alone`: it decodes in a search group of its own, not with the sentences that share
-    its options (a sentence retried after a fault in its group: RunningBatch's `on_fault`)."""
+    its options (a sentence retried after a fault in its group: RunningBatch's `on_fault`). `constraints`: terms
+    its output must hold (a glossary's: search.ConstrainedBeam)."""
 
     source: Sequence[int]
     options: DecodeOptions
@@ -94,10 +96,16 @@ class Entry:
     prefix: Sequence[int] = ()
     stream: bool = False
     alone: bool = False
+    constraints: Constraints | None = None
+
+    def __post_init__(self) -> None:
+        if self.constraints is not None and self.options.sampling:
+            raise BadInput("a glossary or constraints need beam search or greedy decoding, not sampling")
 
     def key(self) -> tuple:
-        """Its search group's key: the strategy and the options, and its owner where it decodes alone."""
-        cls = self.group or strategy(self.options)
+        """Its search group's key: the strategy and the options, and its owner where it decodes alone. A
+        sentence with constraints decodes with ConstrainedBeam, whatever its options' strategy."""
+        cls = ConstrainedBeam if self.constraints is not None else self.group or strategy(self.options)
         return (cls, self.options, self.owner) if self.alone else (cls, self.options)
 
 
@@ -212,7 +220,7 @@ class RunningBatch:
             return done
         ids, mask = pad_batch([e.source for e in entries], self.specials.pad_id)
         keys = [e.key() for e in entries]
-        counts = np.array([e.options.beam_size if key[0] is Beam else 1 for e, key in zip(entries, keys)])
+        counts = np.array([key[0].rows_of(e.options) for e, key in zip(entries, keys)])
         needed = int(counts.sum())
         free = sorted(self.free)
         rows = np.array(free[:needed] + list(range(self.rows, self.rows + max(needed - len(free), 0))), np.int64)
@@ -240,7 +248,8 @@ class RunningBatch:
             try:  # Group.join adds the owners first: one that raises leaves whole, these with it
                 self.groups[key].join([list(entries[i].source) for i in mine], [entries[i].limit for i in mine],
                                       [entries[i].owner for i in mine], taken,
-                                      [len(entries[i].prefix) for i in mine], [entries[i].stream for i in mine])
+                                      [len(entries[i].prefix) for i in mine], [entries[i].stream for i in mine],
+                                      [entries[i].constraints for i in mine])
             except Exception as exc:
                 faults.append((key, exc, taken))
         self.faulted(faults)
@@ -351,14 +360,15 @@ class RunningBatch:
 
 def decode(session: StepSession, sources: Sequence[Sequence[int]], options: DecodeOptions, *, specials: Specials,
            max_new_tokens: int, limits: Sequence[int] | None = None, group: type[Group] | None = None,
-           prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+           prefixes: Sequence[Sequence[int]] | None = None,
+           constraints: Sequence[Constraints | None] | None = None) -> list[list[Hypothesis]]:
     """Every sentence decoded together, start to end: n-best hypotheses each (greedy and sampling give one
     with score 0). `limits`: each sentence's max_new_tokens (default: all max_new_tokens); `prefixes`: each
-    sentence's forced tokens after the start token (Entry.prefix). One decode at a time per session
-    (SessionBusy otherwise)."""
+    sentence's forced tokens after the start token (Entry.prefix); `constraints`: each sentence's (None:
+    none; Entry.constraints). One decode at a time per session (SessionBusy otherwise)."""
     results: list[list[Hypothesis]] = [[] for _ in sources]
     for finished, _ in decode_steps(session, sources, options, specials=specials, max_new_tokens=max_new_tokens,
-                                    limits=limits, group=group, prefixes=prefixes):
+                                    limits=limits, group=group, prefixes=prefixes, constraints=constraints):
         for i, hyps in finished:
             results[i] = hyps
     return results
@@ -367,7 +377,8 @@ def decode(session: StepSession, sources: Sequence[Sequence[int]], options: Deco
 def decode_steps(session: StepSession, sources: Sequence[Sequence[int]], options: DecodeOptions, *,
                  specials: Specials, max_new_tokens: int, limits: Sequence[int] | None = None,
                  group: type[Group] | None = None, prefixes: Sequence[Sequence[int]] | None = None,
-                 stream: bool = False) -> Iterator[tuple[list, list]]:
+                 stream: bool = False,
+                 constraints: Sequence[Constraints | None] | None = None) -> Iterator[tuple[list, list]]:
     """`decode`, one step at a time: after each step (and once before the first), the sentences done at it
     (index, n-best hypotheses) and, if `stream`, the tokens so far of those still decoding with greedy search or
     sampling (index, tokens: RunningBatch.progress). The session is claimed until the iterator ends or is
@@ -376,10 +387,11 @@ def decode_steps(session: StepSession, sources: Sequence[Sequence[int]], options
         raise BadInput("empty input: every sentence needs at least one token")
     limits = [max_new_tokens] * len(sources) if limits is None else list(limits)
     prefixes = [()] * len(sources) if prefixes is None else prefixes
+    constraints = [None] * len(sources) if constraints is None else constraints
     with session.claimed():
         batch = RunningBatch(session, specials=specials)
-        finished = batch.add([Entry(s, options, limit, i, group, prefix, stream)
-                              for i, (s, limit, prefix) in enumerate(zip(sources, limits, prefixes))])
+        finished = batch.add([Entry(s, options, limit, i, group, prefix, stream, constraints=c)
+                              for i, (s, limit, prefix, c) in enumerate(zip(sources, limits, prefixes, constraints))])
         while True:
             yield finished, batch.progress() if batch.streaming else []
             if not batch.sentences:

@@ -51,6 +51,9 @@ class Hypothesis:
     score: float  # sum of log-probs divided by length ** length_penalty
     # (index into tokens, source piece) for each <unk> that replace_unknowns replaces in its text
     replacements: tuple[tuple[int, str], ...] = ()
+    # the constraint terms it does not hold (indices into its sentence's Constraints.terms): a constrained
+    # sentence that reached its limit first (search.ConstrainedBeam)
+    unmet: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,21 @@ group, or when it joined."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
+from twostep.errors import BadInput
+from twostep.runtime.decoding.constraints import Automaton, Constraints, Table, popcount
 from twostep.runtime.decoding.kernels import (
     PARALLEL_ELEMENTS,
     beam_candidates,
     beam_candidates_from_top,
+    best_of_sentences,
     log_softmax,
     repeated_ngrams,
+    row_candidates,
+    row_log_normalisers,
     rows_index,
 )
 from twostep.runtime.decoding.options import DecodeOptions, Hypothesis, Specials
@@ -57,8 +63,15 @@ class Group:
     def at(self, rows: np.ndarray) -> None:
         self._at, self.index = rows, rows_index(rows)
 
+    @classmethod
+    def rows_of(cls, options: DecodeOptions) -> int:
+        """The batch rows a sentence decoded with `options` takes."""
+        return 1
+
     def join(self, sources: list[list[int]], limits: list[int], owners: list, rows: np.ndarray,
-             forced: list[int] | None = None, streams: list[bool] | None = None) -> None:
+             forced: list[int] | None = None, streams: list[bool] | None = None,
+             constraints: list[Constraints | None] | None = None) -> None:
+        """Sentences join (`constraints`: theirs, for a group that takes them: ConstrainedBeam)."""
         self.owners += owners
         self.at = np.concatenate([self.at, rows])
         self.steps = np.concatenate([self.steps, np.zeros(len(owners), np.int64)])
@@ -70,7 +83,7 @@ class Group:
 
     def without_forced(self, j: int, hypotheses: list[Hypothesis]) -> list[Hypothesis]:
         n = int(self.forced[j])
-        return [Hypothesis(h.tokens[n:], h.score) for h in hypotheses] if n else hypotheses
+        return [replace(h, tokens=h.tokens[n:]) for h in hypotheses] if n else hypotheses
 
     def leave(self, stay: np.ndarray) -> np.ndarray:
         """Keep the sentences `stay` (a mask); returns the rows of those that left."""
@@ -261,6 +274,10 @@ class Beam(Group):
         self.helper: ThreadPoolExecutor | None = None
         self.powers: dict[int, float] = {}
 
+    @classmethod
+    def rows_of(cls, options: DecodeOptions) -> int:
+        return options.beam_size
+
     def power(self, length: int) -> float:
         """length ** length_penalty as the scalar rule computes it (so array and scalar scores agree bit for bit)."""
         if length not in self.powers:
@@ -432,6 +449,175 @@ class Beam(Group):
         self.block_early_eos(logits)
         return beam_candidates(logits, self.scores, 2 * self.k, skip, self.scratch[: logits.shape[0]], self.helper,
                                self.repeats(self.history))
+
+
+CONSTRAINED_BEAM = 4  # the beam of a constrained sentence whose options ask for fewer (greedy: beam 1)
+
+
+class ConstrainedBeam(Beam):
+    """Beam search under lexical constraints, each sentence its own (decoding.constraints: terms, each one token
+    sequence of several that must appear in the output). Dynamic beam allocation (Post & Vilar, NAACL 2018),
+    vectorised over the group's rows (Hu et al., NAACL 2019; fairseq's LexicallyConstrainedBeamSearch):
+
+    - A step's candidates, per sentence: its 2k best (as Beam's), each live beam's tokens that take it further
+      into a term it has not met (Table.tokens_ahead), and each live beam's best token; once each.
+    - eos is no candidate of a beam that has not met every term (it stays in the softmax).
+    - An eos candidate finishes its hypothesis as in Beam: if fewer than k of the candidates before it (best
+      first, ties to the lower beam * V + token) go on.
+    - The k that go on are chosen by bank: a candidate's bank is 2 * the terms it has met, + 1 if it is inside a
+      sequence of a term it has not (Automaton.begun). Best first within each bank, the banks take turns, the
+      fullest first: the best of the highest bank, the best of the next, ..., then each bank's second best, ...
+    - A sentence is done as under the "n_best" rule (whatever `beam_stop` says): it has n_best finished
+      hypotheses (all of which meet every term) and the best live one, normalised at its length, cannot beat the
+      worst of them; or no candidate goes on; or at its limit, where its live beams finish too, those that miss
+      a term with `unmet` set, after every hypothesis that meets them all.
+
+    The beam is the options' beam_size, at least CONSTRAINED_BEAM (a greedy request's constrained sentence is
+    searched with CONSTRAINED_BEAM beams and gives its best). Terms are tracked from the first token after the
+    forced ones."""
+
+    def __init__(self, options: DecodeOptions, specials: Specials):
+        if options.sampling:
+            raise BadInput("a glossary or constraints need beam search or greedy decoding, not sampling")
+        super().__init__(options, specials)
+        self.k = self.rows_of(options)
+        self.scores = np.zeros((0, self.k))
+        self.hf_rule = self.hf_early = self.hf_never = self.ct2_rule = False
+        self.pool = self.n_best
+        self.automata: list[Automaton] = []
+        self.every = np.zeros(0, np.int64)  # each sentence's mask of every term met
+        self.state = np.zeros(0, np.int64)  # each row's automaton state, its sentence's own (0: the root)
+        self.met = np.zeros(0, np.int64)  # each row's mask of the terms met
+        self.table = Table([])
+        self.coming: list[Constraints] = []
+
+    @classmethod
+    def rows_of(cls, options: DecodeOptions) -> int:
+        return max(options.beam_size, CONSTRAINED_BEAM)
+
+    def join(self, sources, limits, owners, rows, forced=None, streams=None, constraints=None) -> None:
+        if constraints is None or len(constraints) != len(owners) or any(c is None for c in constraints):
+            raise ValueError("a constrained group's sentences each need their constraints")
+        self.coming = list(constraints)
+        super().join(sources, limits, owners, rows, forced, streams)
+
+    def joined(self, sources: list[list[int]]) -> None:
+        super().joined(sources)
+        self.automata += [Automaton(c) for c in self.coming]
+        self.every = np.concatenate([self.every, [c.every for c in self.coming]]).astype(np.int64)
+        self.state = np.concatenate([self.state, np.zeros(len(sources) * self.k, np.int64)])
+        self.met = np.concatenate([self.met, np.zeros(len(sources) * self.k, np.int64)])
+        self.table, self.coming = Table(self.automata), []
+
+    def kept(self, stay: np.ndarray) -> None:
+        super().kept(stay)
+        self.automata = [a for a, keep in zip(self.automata, stay) if keep]
+        rows = np.repeat(stay, self.k)
+        self.every, self.state, self.met = self.every[stay], self.state[rows], self.met[rows]
+        self.table = Table(self.automata)
+
+    def needs_logits(self, width: int) -> bool:
+        return True  # a token ahead may be any token
+
+    def keep_best(self, j: int) -> None:
+        self.finished[j].sort(key=lambda h: (len(h.unmet), -h.score))
+        del self.finished[j][self.pool :]
+        if len(self.finished[j]) == self.pool:
+            self.worst[j] = self.finished[j][-1].score
+
+    def unmet(self, j: int, met: int) -> tuple[int, ...]:
+        return tuple(i for i in range(int(self.every[j]).bit_length()) if not met >> i & 1)
+
+    def advance(self, step: dict[str, np.ndarray]) -> tuple[dict[int, list[Hypothesis]], np.ndarray, np.ndarray]:
+        n, k = len(self), self.k
+        logits = step["logits"][self.index]
+        vocab = logits.shape[1]
+        if self.scratch is None or self.scratch.shape[0] < len(logits):
+            self.scratch = np.empty(logits.shape, dtype=np.float64)
+        self.block_early_eos(logits)
+        top, lse = row_log_normalisers(logits, self.scratch[: len(logits)])
+        if self.blocked:
+            logits[:, self.blocked] = -np.inf
+        logits[np.flatnonzero(self.met != np.repeat(self.every, k)), self.eos_id] = -np.inf
+        if (banned := self.repeats(self.history)) is not None:
+            logits[banned] = -np.inf
+        flat_scores = self.scores.reshape(-1)
+        alive = np.flatnonzero(flat_scores > -np.inf)
+        # the candidates: each sentence's 2k best, each live beam's tokens ahead and its best token
+        r, c = row_candidates(logits, 2 * k, alive)
+        _, best = best_of_sentences(r, c, flat_scores[r] + ((logits[r, c].astype(np.float64) - top[r]) - lse[r]),
+                                    (n, k), vocab, 2 * k)
+        j, i = np.nonzero(best >= 0)
+        base = np.repeat(self.table.offset[:-1], k)
+        which, ahead = self.table.tokens_ahead(self.state[alive] + base[alive], self.met[alive])
+        rows = np.concatenate([j * k + best[j, i] // vocab, alive[which], alive])
+        tokens = np.concatenate([best[j, i] % vocab, ahead, logits[alive].argmax(1)]).astype(np.int64)
+        key = np.unique(rows * vocab + tokens.astype(np.int64))
+        rows, tokens = key // vocab, key % vocab
+        total = flat_scores[rows] + ((logits[rows, tokens].astype(np.float64) - top[rows]) - lse[rows])
+        finite = total > -np.inf
+        rows, tokens, total = rows[finite], tokens[finite], total[finite]
+        sentence, beam = rows // k, rows % k
+        tracking = np.repeat(self.steps >= self.forced, k)[rows]  # not at a forced step
+        now = self.state[rows] + base[rows]
+        after = np.where(tracking, self.table.advance(now, tokens), now)
+        met = self.met[rows] | np.where(tracking, self.table.done[after], 0)
+        bank = 2 * popcount(met) + ((self.table.begun[after] & ~met) != 0)
+        # eos: as Beam's walk, best first
+        flat = beam * vocab + tokens
+        order = np.lexsort((flat, -total, sentence))
+        is_eos = tokens[order] == self.eos_id
+        going_on = (~is_eos).astype(np.int64)
+        before = within(np.cumsum(going_on) - going_on, sentence[order])
+        ending = order[is_eos & (before < k)]
+        # the k that go on: banks take turns, the highest first
+        on = np.flatnonzero(tokens != self.eos_id)
+        by_bank = on[np.lexsort((flat[on], -total[on], -bank[on], sentence[on]))]
+        turn = within(np.arange(len(by_bank)), sentence[by_bank] * (2 * 64 + 2) + bank[by_bank])
+        chosen = by_bank[np.lexsort((-bank[by_bank], turn, sentence[by_bank]))]
+        slot = within(np.arange(len(chosen)), sentence[chosen])
+        chosen, slot = chosen[slot < k], slot[slot < k]
+        next_scores = np.full((n, k), -np.inf)
+        next_tokens = np.full((n, k), self.pad_id, dtype=np.int64)
+        origins = np.tile(np.arange(k), (n, 1))
+        next_state, next_met = np.zeros((n, k), np.int64), np.zeros((n, k), np.int64)
+        js = sentence[chosen]
+        next_scores[js, slot], next_tokens[js, slot], origins[js, slot] = total[chosen], tokens[chosen], beam[chosen]
+        next_state[js, slot], next_met[js, slot] = after[chosen] - base[rows[chosen]], met[chosen]
+        length = self.steps + 1
+        for e in ending:
+            j = int(sentence[e])
+            history = self.history[rows[e], : self.steps[j]].tolist()
+            self.finished[j].append(Hypothesis(history, self.norm(float(total[e]), int(length[j]))))
+        for j in np.unique(sentence[ending]):
+            self.keep_best(int(j))
+        going = next_scores > -np.inf
+        best_alive = np.where(going.any(axis=1), next_scores.max(axis=1), -np.inf) / \
+            np.array([self.power(int(x)) for x in length])
+        ends = ~going.any(axis=1) | (self.worst >= best_alive)
+        rows = (np.arange(n)[:, None] * k + origins).reshape(-1)
+        self.history = self.history[rows]
+        self.history[np.arange(n * k), np.repeat(self.steps, k)] = next_tokens.reshape(-1)
+        self.scores, self.steps = next_scores, length
+        self.state, self.met = next_state.reshape(-1), next_met.reshape(-1)
+        done = {int(j): self.best(j) for j in np.flatnonzero(ends)}
+        for j in np.flatnonzero(~ends & (self.steps >= self.limits)):  # live beams count as finished
+            for b in np.flatnonzero(going[j]):
+                history = self.history[j * k + b, : self.steps[j]].tolist()
+                self.finished[j].append(Hypothesis(history, self.norm(self.scores[j, b], int(self.steps[j])),
+                                                   unmet=self.unmet(j, int(self.met[j * k + b]))))
+            self.keep_best(j)
+            done[int(j)] = self.best(j)
+        return done, next_tokens.reshape(-1), rows
+
+
+def within(counts: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """`counts` (a running count, non-decreasing) made relative to the start of each run of equal `groups`
+    (sorted so that equal groups are together): each entry's count since its group began."""
+    if not len(groups):
+        return counts
+    starts = np.concatenate([[True], groups[1:] != groups[:-1]])
+    return counts - np.maximum.accumulate(np.where(starts, counts, 0))
 
 
 def strategy(options: DecodeOptions) -> type[Group]:
