@@ -23,10 +23,10 @@ def met(tokens: Sequence[int], terms) -> set[int]:
     return {i for i, term in enumerate(terms) if any(holds(tokens, s) for s in term)}
 
 
-def inside(tokens: Sequence[int], terms, done: set[int]) -> bool:
-    """Whether the tokens end with a part (not empty, not whole) of a sequence of a term not met."""
-    return any(0 < i < len(s) and list(tokens[len(tokens) - i :]) == list(s[:i])
-               for t, term in enumerate(terms) if t not in done for s in term for i in range(1, len(s)))
+def depth(tokens: Sequence[int], terms, done: set[int]) -> int:
+    """The longest part (not empty, not whole) of a sequence of a term not met that the tokens end with."""
+    return max((i for t, term in enumerate(terms) if t not in done for s in term for i in range(1, len(s))
+                if list(tokens[len(tokens) - i :]) == list(s[:i])), default=0)
 
 
 def ahead(tokens: Sequence[int], terms, done: set[int]) -> set[int]:
@@ -82,12 +82,12 @@ def constrained_beam(logits_of: Logits, terms, *, beam_size: int, n_best: int, l
                 going_on_before += 1
         if any(t == eos_id for (b, t), _ in walk):
             keep_best()
-        banks: dict[int, list] = {}
+        banks: dict[tuple[int, int], list] = {}
         for (b, t), total in walk:
             if t != eos_id:
                 tokens = live[b][0] + (t,)
                 done = met(tokens, terms)
-                bank = 2 * len(done) + inside(tokens, terms, done)
+                bank = (len(done), depth(tokens, terms, done))
                 banks.setdefault(bank, []).append((tokens, total))
         chosen = []
         for turn in range(max((len(v) for v in banks.values()), default=0)):

@@ -148,6 +148,13 @@ def translate(
                                         "its formatting kept: " + ", ".join(FILE_FORMATS) + " (as LibreTranslate's "
                                         "POST /translate_file)."),
     out: Optional[Path] = typer.Option(None, "--out", help="--file: where the translated file goes."),
+    glossary: Optional[Path] = typer.Option(None, "--glossary", help=(
+        "Terms the translation must use: a file of lines 'source term<TAB>target term' (.csv: comma-separated), "
+        "further fields further target variants (any one of them). A sentence in which a term is found is "
+        "searched with constrained beam search (at least beam 4); one translation per text; terms not applied "
+        "are reported on stderr (--json: applied_terms, unmet_terms).")),
+    glossary_ignore_case: bool = typer.Option(False, "--glossary-ignore-case",
+                                              help="Find the glossary's source terms whatever their case."),
 ) -> None:
     """Translate texts with any backend: each text is split into sentences (--no-split: it is one sentence); or a
     file (--file, --out)."""
@@ -158,6 +165,9 @@ def translate(
             raise TwostepError("--file translates a file: give no texts and no --ids with it")
         if out is None:
             raise TwostepError("--file needs --out: the path the translated file is written to")
+    terms = read_glossary(glossary, glossary_ignore_case) if glossary is not None else None
+    if terms is not None and ids:
+        raise TwostepError("--glossary finds terms in text: it does not go with --ids")
     options = dict(beam_size=beam, n_best=n_best, length_penalty=length_penalty, sampling=sample,
                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens,
                    min_new_tokens=min_new_tokens, beam_stop=beam_stop, no_repeat_ngram_size=no_repeat_ngram_size,
@@ -167,7 +177,7 @@ def translate(
         extra["device"] = device
     if file is not None:
         return translate_file(file, out, lambda: open_translator(model_dir, backend, checkpoint, options, **extra),
-                              src_lang, tgt_lang)
+                              src_lang, tgt_lang, terms)
     split = split and not ids
     if text:
         sentences = list(text)
@@ -178,6 +188,10 @@ def translate(
     if not sentences:
         raise TwostepError("no input: give texts as arguments or on stdin")
     translator, be = open_translator(model_dir, backend, checkpoint, options, **extra)
+    if terms is not None:
+        with be:
+            termed = translator.translate_glossary(sentences, terms, src_lang=src_lang, tgt_lang=tgt_lang, split=split)
+        return print_termed(sentences, termed, as_json)
     with be:
         if ids:
             results = [[(" ".join(map(str, h.tokens)), h.score) for h in hyps]
@@ -193,11 +207,43 @@ def translate(
                 sys.stdout.write(t if t.endswith("\n") else t + "\n")
 
 
+def read_glossary(path: Path, ignore_case: bool):
+    """`--glossary`: the file's entries (TSV, or CSV by its suffix) as a Glossary."""
+    from twostep.runtime.glossary import Glossary, parse_entries
+
+    try:
+        data = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TwostepError(f"--glossary {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise TwostepError(f"--glossary {path}: not UTF-8 text") from None
+    try:
+        return Glossary(parse_entries(data, "csv" if path.suffix.lower() == ".csv" else "tsv", ignore_case))
+    except BadInput as exc:
+        raise TwostepError(f"--glossary {path}: {exc}") from None
+
+
+def print_termed(sources: list[str], termed: list, as_json: bool) -> None:
+    """`--glossary`'s translations, and the terms each applied and did not (on stderr unless --json)."""
+    def terms(found) -> list[dict]:
+        return [{"source": f.entry.source, "targets": list(f.entry.targets)} for f in found]
+
+    if as_json:
+        emit_json([{"source": s, "translations": [{"text": t.text}], "applied_terms": terms(t.applied),
+                    "unmet_terms": terms(t.unmet)} for s, t in zip(sources, termed)])
+        return
+    for i, t in enumerate(termed):
+        sys.stdout.write(t.text if t.text.endswith("\n") else t.text + "\n")
+        if t.unmet:
+            err.print(f"note: text {i + 1}: glossary terms not applied: "
+                      + ", ".join(repr(f.entry.source) for f in t.unmet), markup=False, highlight=False)
+
+
 def translate_file(file: Path, out: Path, opened: Callable[[], tuple], src_lang: Optional[str], tgt_lang: Optional[str],
-                   part: int = 64) -> None:
+                   glossary=None, part: int = 64) -> None:
     """`twostep translate --file`: the file's text nodes (twostep.runtime.files) translated, `part` at a time, each
-    a document split into sentences, by the translator `opened()` gives (opened once the file is read); the file
-    written to `out` with them."""
+    a document split into sentences, by the translator `opened()` gives (opened once the file is read), with the
+    `glossary`'s terms where one is given; the file written to `out` with them."""
     from twostep.runtime import files
 
     try:
@@ -207,8 +253,12 @@ def translate_file(file: Path, out: Path, opened: Callable[[], tuple], src_lang:
     parsed = files.read(data, file.suffix)
     translator, be = opened()
     with be:
-        translations = [t for at in range(0, len(parsed.texts), part) for t in translator.translate(
-            parsed.texts[at:at + part], src_lang=src_lang, tgt_lang=tgt_lang, split=True)]
+        if glossary is None:
+            translations = [t for at in range(0, len(parsed.texts), part) for t in translator.translate(
+                parsed.texts[at:at + part], src_lang=src_lang, tgt_lang=tgt_lang, split=True)]
+        else:
+            translations = [t.text for at in range(0, len(parsed.texts), part) for t in translator.translate_glossary(
+                parsed.texts[at:at + part], glossary, src_lang=src_lang, tgt_lang=tgt_lang, split=True)]
     try:
         out.write_bytes(parsed.write(translations))
     except OSError as exc:

@@ -199,3 +199,39 @@ def test_the_generation_configs_decoding_is_imported_and_decodes_as_generate_doe
         other = translator.decode_ids(sources, translator.options_with(**undo), tgt_lang=pretrained.langs["tgt_lang"])
     assert [h[0].tokens for h in hyps] == want
     assert [h[0].tokens for h in other] != want
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_glossary_constrains_the_sentence_it_matches_and_leaves_the_others_byte_identical(pretrained, beam):
+    """A glossary whose term is found in one sentence only ("cat": not in "cats"): every other sentence's text is
+    translate()'s to the byte, greedy and at the model's default beam, in one batch with the constrained one;
+    that one holds the target term (a word of another sentence's translation), or says it does not."""
+    from twostep.runtime.glossary import Entry, Glossary
+
+    langs = pretrained.langs
+    translator, backend = open_translator(pretrained.art, options={"beam_size": beam, "max_new_tokens": NEW_TOKENS})
+    with backend:
+        plain = translator.translate(SENTENCES, **langs)
+        words = [w for text in plain[1:] for w in text.split() if w.isalpha() and w not in plain[0]]
+        target = max(words, key=len)
+        termed = translator.translate_glossary(SENTENCES, Glossary([Entry("cat", (target,))]), **langs)
+    assert [t.text for t in termed[1:]] == plain[1:]
+    assert all(not t.applied and not t.unmet for t in termed[1:])
+    first = termed[0]
+    assert [f.entry.source for f in first.applied] == ["cat"] and not first.unmet
+    assert target in first.text and first.text != plain[0]
+
+
+def test_a_target_term_takes_each_tokenization_it_has_in_context(pretrained):
+    """The token sequences a target term is constrained to: the term alone (as after a space) and attached to
+    what precedes it, each the tokenizer's own tokenization of the term in that context, each decoding to it."""
+    translator, backend = open_translator(pretrained.art)
+    with backend:
+        tok = translator.tokenizer
+        variants = tok.target_variants("bonjour")
+        assert len(variants) == 2 and len(set(variants)) == 2
+        for variant in variants:
+            assert tok.decode(variant).strip() == "bonjour"
+        alone, attached = (tok.target_spans(text) for text in ("bonjour", "(bonjour"))
+        assert variants[0] == tuple(i for i, _, _ in alone)
+        assert variants[1] == tuple(i for i, begin, _ in attached if begin >= 1)

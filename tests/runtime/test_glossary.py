@@ -3,6 +3,8 @@ obvious reference on random texts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -90,3 +92,45 @@ def test_the_search_equals_the_obvious_reference(terms_and_case, text):
     entries = [Entry(term, ("x",), ignore_case) for term, ignore_case in terms_and_case]
     glossary = Glossary(entries)
     assert [(f.start, f.end, f.entry.source) for f in glossary.find(text)] == reference(entries, text)
+
+
+def test_entries_are_read_from_tsv_and_csv_as_deepl_takes_them():
+    from twostep.runtime.glossary import parse_entries
+
+    tsv = parse_entries("cat\tchat\n\n  dog \t chien\tclebs\n")
+    assert [(e.source, e.targets) for e in tsv] == [("cat", ("chat",)), ("dog", ("chien", "clebs"))]
+    csv = parse_entries('cat,chat\r\n"new, york","New York",NY\n', "csv", ignore_case=True)
+    assert [(e.source, e.targets, e.ignore_case) for e in csv] == [
+        ("cat", ("chat",), True), ("new, york", ("New York", "NY"), True)]
+
+
+@pytest.mark.parametrize("text, fmt, message", [
+    ("cat\tchat\ndog\n", "tsv", "glossary line 2: a source term, a tab, then its target; got 'dog'"),
+    ("cat,chat\ndog\n", "csv", "glossary line 2: a source term, a comma, then its target"),
+    ('cat,"chat\n', "csv", "the glossary is not valid CSV: unexpected end of data"),
+    ("cat\t \n", "tsv", "glossary line 1: the glossary entry 'cat' has an empty target term"),
+    ("\tchat\n", "tsv", "glossary line 1: a glossary entry has an empty source term"),
+    ("x" * 257 + "\tchat\n", "tsv", "glossary line 1: the glossary term 'xxxx"),
+    ("cat\tchat\n", "xlsx", "a glossary's format is one of tsv, csv"),
+])
+def test_a_malformed_glossary_is_refused_with_its_line(text, fmt, message):
+    from twostep.runtime.glossary import parse_entries
+
+    with pytest.raises(BadInput, match="^" + re.escape(message)):
+        parse_entries(text, fmt)
+
+
+def test_a_sentence_s_terms_are_constrained_by_their_target_variants():
+    """sentence_terms: each term found, its targets' token sequences (any one of them) one constraint term; a term
+    none of whose targets the model can write is found but unmet from the start; no term: None."""
+    from twostep.runtime.glossary import sentence_terms
+
+    g = Glossary([Entry("cat", ("chat", "matou")), Entry("dog", ("chien",)), Entry("bird", ("oiseau",))])
+    variants = {"chat": [(5, 6), (7,)], "matou": [(8,)], "chien": [(9,)], "oiseau": []}.get
+    terms = sentence_terms(g, "a bird, a dog and a cat", variants)
+    assert [f.entry.source for f in terms.found] == ["bird", "dog", "cat"]
+    assert terms.constrained == (1, 2)
+    assert terms.constraints.terms == (((9,),), ((5, 6), (7,), (8,)))
+    applied, unmet = terms.outcome([1])
+    assert [f.entry.source for f in applied] == ["dog"] and [f.entry.source for f in unmet] == ["bird", "cat"]
+    assert sentence_terms(g, "nothing here", variants) is None

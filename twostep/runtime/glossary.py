@@ -27,6 +27,11 @@ from dataclasses import dataclass
 import ahocorasick_rs
 
 from twostep.errors import BadInput
+from twostep.runtime.decoding.constraints import MAX_TERMS, Constraints
+
+MAX_TERM_CHARS = 256  # a source or target term's length, in characters
+MAX_ENTRIES = 10_000  # a glossary's entries
+FORMATS = ("tsv", "csv")
 
 # Scripts written without spaces between words: a term's edge there is a boundary wherever it falls.
 UNSPACED = ("CJK", "HIRAGANA", "KATAKANA", "THAI", "LAO", "KHMER", "MYANMAR", "TIBETAN", "IDEOGRAPHIC")
@@ -45,6 +50,10 @@ class Entry:
             raise BadInput("a glossary entry has an empty source term")
         if not self.targets or not all(t.strip() for t in self.targets):
             raise BadInput(f"the glossary entry {self.source!r} has an empty target term")
+        for term in (self.source, *self.targets):
+            if len(term) > MAX_TERM_CHARS:
+                raise BadInput(f"the glossary term {term[:40]!r}... has {len(term)} characters, at most "
+                               f"{MAX_TERM_CHARS} are taken")
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class Glossary:
 
     def __init__(self, entries: Sequence[Entry]):
         self.entries = tuple(entries)
+        if len(self.entries) > MAX_ENTRIES:
+            raise BadInput(f"the glossary has {len(self.entries)} entries, at most {MAX_ENTRIES} are taken")
         self._searches = []
         for ignore_case in (False, True):
             chosen = [e for e in self.entries if e.ignore_case == ignore_case]
@@ -117,3 +128,67 @@ def joins(a: str, b: str) -> bool:
 
 def unspaced(char: str) -> bool:
     return unicodedata.name(char, "").startswith(UNSPACED)
+
+
+def parse_entries(text: str, fmt: str = "tsv", ignore_case: bool = False) -> list[Entry]:
+    """A glossary's entries as DeepL takes them: one a line, the source term then its target, separated by a tab
+    ("tsv") or a comma ("csv", RFC 4180 quoting); further fields are further target variants (any one of them).
+    Blank lines are skipped; a line with fewer than two fields is refused with its number."""
+    import csv
+    import io
+
+    if fmt not in FORMATS:
+        raise BadInput(f"a glossary's format is one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt == "csv":
+        try:
+            rows = list(csv.reader(io.StringIO(text), strict=True))
+        except csv.Error as exc:
+            raise BadInput(f"the glossary is not valid CSV: {exc}") from None
+    else:
+        rows = [line.split("\t") for line in text.splitlines()]
+    entries = []
+    for number, row in enumerate(rows, 1):
+        fields = [field.strip() for field in row]
+        if not any(fields):
+            continue
+        if len(fields) < 2:
+            separator = "a tab" if fmt == "tsv" else "a comma"
+            raise BadInput(f"glossary line {number}: a source term, {separator}, then its target; got {row[0][:60]!r}")
+        try:
+            entries.append(Entry(fields[0], tuple(fields[1:]), ignore_case))
+        except BadInput as exc:
+            raise BadInput(f"glossary line {number}: {exc}") from None
+    return entries
+
+
+@dataclass(frozen=True)
+class Terms:
+    """A sentence's glossary terms: those found in it (`found`, in order) and, of those, the ones its translation
+    is constrained by (`constraints.terms[i]` is found[constrained[i]]'s target variants as token sequences). A
+    term found but not constrained (no tokenization its model can write, or beyond MAX_TERMS) is unmet from the
+    start."""
+
+    found: tuple[Found, ...]
+    constrained: tuple[int, ...]
+    constraints: Constraints | None  # None: not one term could be constrained
+
+    def outcome(self, unmet: Sequence[int]) -> tuple[list[Found], list[Found]]:
+        """(applied, unmet) of a hypothesis that misses `unmet` (indices into constraints.terms)."""
+        missed = {self.constrained[i] for i in unmet} | (set(range(len(self.found))) - set(self.constrained))
+        return ([f for i, f in enumerate(self.found) if i not in missed],
+                [f for i, f in enumerate(self.found) if i in missed])
+
+
+def sentence_terms(glossary: Glossary, text: str, variants) -> Terms | None:
+    """The terms of `glossary` found in the sentence `text`, and their constraints: `variants(target)` gives a
+    target term's token sequences (Tokenizer.target_variants). None: no term found."""
+    found = tuple(glossary.find(text))
+    if not found:
+        return None
+    terms, constrained = [], []
+    for i, f in enumerate(found):
+        sequences = [v for target in f.entry.targets for v in variants(target)]
+        if sequences and len(terms) < MAX_TERMS:
+            terms.append(sequences)
+            constrained.append(i)
+    return Terms(found, tuple(constrained), Constraints.of(terms) if terms else None)

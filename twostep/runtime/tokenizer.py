@@ -24,6 +24,9 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPIECE_UNDERLINE = "\u2581"
 WHITESPACE = " \t\n\r\f\v"  # what a stretch of text may end in for spec.trailing_space (as the C++ library's)
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback piece: one byte of a character no piece holds
+# How a glossary's target term may stand in a translation, for target_variants: first, after a space, attached to
+# what comes before it (an opening bracket, an elision's apostrophe, a script written without spaces).
+CONTEXTS = ("", "a ", "(", "'")
 
 
 def load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
@@ -158,6 +161,36 @@ class Tokenizer:
         """Target pieces without bos/eos (training)."""
         return self.target_sp.encode(text) if self.target_pieces is None else self.pieces(text)
 
+    def target_variants(self, term: str) -> list[tuple[int, ...]]:
+        """Every tokenization the target text `term` takes in a translation (CONTEXTS: its pieces where it
+        follows each context on a piece boundary), as target ids; one that holds unk's id is left out (the model
+        cannot write it)."""
+        out: dict[tuple[int, ...], None] = {}
+        for context in CONTEXTS:
+            spans = self.target_spans(context + term)
+            cut = len(context.rstrip())
+            if any(begin < cut < end for _, begin, end in spans):
+                continue  # the term's first piece joins the context's last
+            ids = tuple(i for i, begin, _ in spans if begin >= cut)
+            if ids and self.spec.unk_id not in ids:
+                out[ids] = None
+        return list(out)
+
+    def target_spans(self, text: str) -> list[tuple[int, int, int]]:
+        """(target id, begin, end) of each piece of `text` through the target model, begin and end its span in
+        the text (a piece's leading whitespace included)."""
+        pieces = self.target_sp.encode(text, return_type="proto").pieces
+        if self.target_pieces is None:
+            return [(p.id, p.begin, p.end) for p in pieces]
+        ids = self.target_ids()
+        return [(ids.get(p.piece, self.spec.unk_id), p.begin, p.end) for p in pieces]
+
+    def target_ids(self) -> dict[str, int]:
+        """The target table: piece -> id."""
+        if getattr(self, "_target_ids", None) is None:
+            self._target_ids = {piece: i for i, piece in self.target_pieces.items()}
+        return self._target_ids
+
     def source_piece(self, token: int) -> str | None:
         """The piece of a source id (None outside the source vocabulary)."""
         if self.source_table is None:
@@ -229,6 +262,10 @@ class JsonTokenizer(Tokenizer):
     def source_piece(self, token: int) -> str | None:
         return self.hf.id_to_token(token)
 
+    def target_spans(self, text: str) -> list[tuple[int, int, int]]:
+        encoding = self.hf.encode(text, add_special_tokens=False)
+        return [(i, begin, end) for i, (begin, end) in zip(encoding.ids, encoding.offsets)]
+
     def encode_target(self, text: str) -> list[int]:
         return self.pieces(text)
 
@@ -288,6 +325,16 @@ class MosesBPETokenizer(Tokenizer):
 
     def encode_target(self, text: str) -> list[int]:
         return self.pieces(text)
+
+    def target_variants(self, term: str) -> list[tuple[int, ...]]:
+        """The one tokenization Moses and BPE give a target term (each word apart, whatever precedes it)."""
+        from sacremoses import MosesTokenizer
+
+        if getattr(self, "target_moses", None) is None:
+            self.target_moses = MosesTokenizer(self.spec.moses[1])
+        words = " ".join(self.target_moses.tokenize(self.normalizer.normalize(term))).strip("\r\n ").split(" ")
+        ids = tuple(self.target_ids().get(p, self.spec.unk_id) for p in self.bpe.segment_tokens(words) if p)
+        return [ids] if ids and self.spec.unk_id not in ids else []
 
     def join(self, pieces: list[str]) -> str:
         words = " ".join(pieces).replace(self.SEPARATOR + " ", "").split(" ")

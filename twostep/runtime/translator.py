@@ -14,12 +14,24 @@ import numpy as np
 from twostep.errors import BadInput
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, Specials, StepSession, decode, decode_steps
 from twostep.runtime.decoding.batch import pad_batch
+from twostep.runtime.decoding.constraints import Constraints
 from twostep.runtime.decoding.options import is_int, with_defaults
 from twostep.runtime.documents import DocumentPlan, split_documents
+from twostep.runtime.glossary import Found, Glossary, Terms, sentence_terms
 from twostep.runtime.streaming import Event, Events, TextEvents
 from twostep.runtime.tokenizer import Tokenizer
 
 SURFACES = 4096  # sentences whose unknown pieces a Translator keeps for replace_unknowns, the latest
+
+
+@dataclass(frozen=True)
+class Termed:
+    """A text translated with a glossary: its translation, and the glossary's terms found in it that the
+    translation holds (`applied`) and does not (`unmet`), in the order they occur."""
+
+    text: str
+    applied: list[Found]
+    unmet: list[Found]
 
 
 @dataclass(frozen=True)
@@ -98,15 +110,26 @@ class Translator:
             return ()  # token ids: a language token in the source is already there
         return self.tokenizer.spec.decoder_prefix(tgt_lang)
 
+    def limits_with(self, limit: int, constraints: Sequence[Constraints | None]) -> list[int]:
+        """Each sentence's max_new_tokens: `limit`, grown by its constraints' length (Constraints.length) up to
+        max_positions and an engine profile's target positions."""
+        cap = min(self.limits.max_positions, self.limits.target_positions)
+        return [max(limit, min(limit + c.length, cap)) if c is not None else limit for c in constraints]
+
     def decode_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
-                   prefixes: Sequence[Sequence[int]] | None = None,
-                   tgt_lang: str | None = None) -> list[list[Hypothesis]]:
+                   prefixes: Sequence[Sequence[int]] | None = None, tgt_lang: str | None = None,
+                   constraints: Sequence[Constraints | None] | None = None) -> list[list[Hypothesis]]:
         """Token ids in (each ending with eos), n-best hypotheses out (without bos/eos), in input order.
         `options`: this call's, instead of the Translator's. `prefixes`: each sentence's forced tokens after
-        the decoder's start, else those of `tgt_lang` for all."""
+        the decoder's start, else those of `tgt_lang` for all. `constraints`: each sentence's (None: none),
+        decoded by constrained beam search (decoding.search.ConstrainedBeam), its limit grown by their length."""
         options = self.options if options is None else options
         if prefixes is None:
             prefixes = [self.prefix(tgt_lang)] * len(sources)
+        if constraints is None:
+            constraints = [None] * len(sources)
+        elif options.sampling and any(c is not None for c in constraints):
+            raise BadInput("a glossary needs beam search or greedy decoding, not sampling")
         self.check_ids(sources)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths share a batch
         results: list[list[Hypothesis]] = [[] for _ in sources]
@@ -114,9 +137,10 @@ class Translator:
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 batch = [sources[i] for i in chunk]
+                limits = self.limits_with(self.max_new_tokens(batch, options), [constraints[i] for i in chunk])
                 outs = decode(self.session, batch, options, specials=self.limits.specials,
-                              max_new_tokens=self.max_new_tokens(batch, options),
-                              prefixes=[prefixes[i] for i in chunk])
+                              max_new_tokens=max(limits), limits=limits, prefixes=[prefixes[i] for i in chunk],
+                              constraints=[constraints[i] for i in chunk])
                 for i, out in zip(chunk, outs):
                     results[i] = out
             return self.replace_unknowns(sources, results, options, prefixes)
@@ -249,6 +273,42 @@ class Translator:
             return plan.join(self.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang)))
         ids = self.encode(texts, src_lang, tgt_lang)
         return self.best_texts(self.decode_ids(ids, options, tgt_lang=tgt_lang))
+
+    def sentence_terms(self, texts: Sequence[str], glossary: Glossary) -> list[Terms | None]:
+        """Each sentence's glossary terms, their target variants in this model's target tokenizer."""
+        if self.tokenizer is None:
+            raise BadInput("this model has no tokenizer: a glossary needs one")
+        variants: dict[str, list] = {}
+
+        def of(target: str) -> list:
+            if target not in variants:
+                variants[target] = self.tokenizer.target_variants(target)
+            return variants[target]
+
+        return [sentence_terms(glossary, text, of) for text in texts]
+
+    def translate_glossary(self, texts: Sequence[str], glossary: Glossary, options: DecodeOptions | None = None,
+                           src_lang: str | None = None, tgt_lang: str | None = None,
+                           split: bool = False) -> list[Termed]:
+        """translate(), each sentence in which `glossary` finds terms constrained to hold one target variant of
+        each (the others decode as translate() decodes them); with the terms each text's translation applied and
+        those it did not (a sentence that reached its limit first)."""
+        if (self.options if options is None else options).sampling:
+            raise BadInput("a glossary needs beam search or greedy decoding, not sampling")
+        if split:
+            sentences, plan = self.split_documents(texts, src_lang, tgt_lang)
+        else:
+            sentences, plan = list(texts), None
+        ids = self.encode(sentences, src_lang, tgt_lang)
+        terms = self.sentence_terms(sentences, glossary)
+        hyps = self.decode_ids(ids, options, tgt_lang=tgt_lang,
+                               constraints=[t.constraints if t is not None else None for t in terms])
+        outcomes = [t.outcome(h[0].unmet if h else ()) if t is not None else ([], []) for t, h in zip(terms, hyps)]
+        sentence_texts = self.best_texts(hyps)
+        if plan is None:
+            return [Termed(text, applied, unmet) for text, (applied, unmet) in zip(sentence_texts, outcomes)]
+        return [Termed(text, [f for a, _ in mine for f in a], [f for _, u in mine for f in u])
+                for text, mine in zip(plan.join(sentence_texts), plan.parts(outcomes))]
 
     def translate_nbest(self, texts: Sequence[str], options: DecodeOptions | None = None,
                         src_lang: str | None = None, tgt_lang: str | None = None,

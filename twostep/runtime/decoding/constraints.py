@@ -7,7 +7,7 @@ target tokenizer gives it in context. What a hypothesis has met is what its toke
 
 `Automaton` is Aho-Corasick over those sequences (token ids for characters): its state after a hypothesis' tokens
 is the longest suffix of them that begins some sequence, so that one transition per token tells which terms are
-met (`done`), whether the hypothesis is inside a sequence of a term it has not met (`inside`), and which tokens
+met (`done`), how far the hypothesis is inside a sequence of a term it has not met (`inside`), and which tokens
 take it further into one (`ahead`). `Table` holds the automata of a search group's sentences side by side in flat
 arrays, so that a step advances every row at once.
 """
@@ -56,10 +56,11 @@ class Constraints:
 
 class Automaton:
     """Aho-Corasick over a sentence's term sequences: state 0 is the root (nothing begun). Per state: `done`, the
-    mask of the terms some sequence of which ends here or at a shorter suffix; `begun`, the terms some sequence of
-    which has the state, or a shorter suffix of it other than the root, as a proper prefix; `ahead`, (token, mask)
-    for every token that extends the state or one of its suffixes along a sequence, the mask the terms of those
-    sequences; `step`, the transitions that leave the root's grip (any other token returns to the root)."""
+    mask of the terms some sequence of which ends here or at a shorter suffix; `inside`, (depth, mask) for the
+    state and each shorter suffix of it but the root that is a proper prefix of some sequences, the mask their
+    terms; `ahead`, (token, mask) for every token that extends the state or one of its suffixes along a sequence,
+    the mask the terms of those sequences; `step`, the transitions that leave the root's grip (any other token
+    returns to the root)."""
 
     def __init__(self, constraints: Constraints):
         children: list[dict[int, int]] = [{}]
@@ -88,10 +89,15 @@ class Automaton:
                     f = fail[f]
                 fail[child] = children[f][token] if token in children[f] and children[f][token] != child else 0
                 order.append(child)
-        self.done, self.begun = list(ends), list(proper)
-        for node in breadth:  # parents before children: a suffix's masks are final before they are added
+        depth = [0] * len(children)
+        for node in [0, *breadth]:
+            for child in children[node].values():
+                depth[child] = depth[node] + 1
+        self.done = list(ends)
+        self.inside: list[list[tuple[int, int]]] = [[] for _ in children]
+        for node in breadth:  # shorter before longer: a suffix's are final before they are added
             self.done[node] |= self.done[fail[node]]
-            self.begun[node] |= self.begun[fail[node]]
+            self.inside[node] = ([(depth[node], proper[node])] if proper[node] else []) + self.inside[fail[node]]
         self.ahead: list[dict[int, int]] = []
         self.step: dict[tuple[int, int], int] = {}
         for node in range(len(children)):
@@ -120,7 +126,13 @@ class Table:
         self.offset = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.root = np.repeat(self.offset[:-1], sizes)
         self.done = np.array([m for a in automata for m in a.done], np.int64)
-        self.begun = np.array([m for a in automata for m in a.begun], np.int64)
+        inside = [chain for a in automata for chain in a.inside]
+        width = max((len(chain) for chain in inside), default=0)
+        self.inside_depth = np.zeros((len(inside), width), np.int64)
+        self.inside_mask = np.zeros((len(inside), width), np.int64)
+        for state, chain in enumerate(inside):
+            if chain:
+                self.inside_depth[state, : len(chain)], self.inside_mask[state, : len(chain)] = zip(*chain)
         keys, targets, counts, tokens, masks = [], [], [], [], []
         for a, base in zip(automata, self.offset):
             keys += [(base + s) * KEY + t for s, t in a.step]
@@ -142,6 +154,12 @@ class Table:
         at = np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
         found = self.keys[at] == keys if len(self.keys) else np.zeros(len(keys), bool)
         return np.where(found, self.targets[at] if len(self.keys) else 0, self.root[states])
+
+    def depth(self, states: np.ndarray, met: np.ndarray) -> np.ndarray:
+        """How far each state is inside a sequence of a term its hypothesis has not met (`met`: its mask): the
+        longest of its suffixes that is a proper prefix of one, in tokens; 0: none."""
+        open_ = (self.inside_mask[states] & ~met[:, None]) != 0
+        return (self.inside_depth[states] * open_).max(axis=1, initial=0)
 
     def tokens_ahead(self, states: np.ndarray, met: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index into states, token) of every token that takes a state further along a sequence of a term its

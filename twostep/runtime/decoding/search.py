@@ -452,6 +452,7 @@ class Beam(Group):
 
 
 CONSTRAINED_BEAM = 4  # the beam of a constrained sentence whose options ask for fewer (greedy: beam 1)
+DEPTHS = 1 << 20  # a bank: terms met * DEPTHS + depth inside a term not met (a sequence is shorter than this)
 
 
 class ConstrainedBeam(Beam):
@@ -464,9 +465,10 @@ class ConstrainedBeam(Beam):
     - eos is no candidate of a beam that has not met every term (it stays in the softmax).
     - An eos candidate finishes its hypothesis as in Beam: if fewer than k of the candidates before it (best
       first, ties to the lower beam * V + token) go on.
-    - The k that go on are chosen by bank: a candidate's bank is 2 * the terms it has met, + 1 if it is inside a
-      sequence of a term it has not (Automaton.begun). Best first within each bank, the banks take turns, the
-      fullest first: the best of the highest bank, the best of the next, ..., then each bank's second best, ...
+    - The k that go on are chosen by bank: a candidate's bank is the terms it has met, then how many tokens deep
+      it is inside a sequence of a term it has not (Table.depth), the higher the fuller. Best first within each
+      bank, the banks take turns, the fullest first: the best of the fullest bank, the best of the next, ...,
+      then each bank's second best, ...
     - A sentence is done as under the "n_best" rule (whatever `beam_stop` says): it has n_best finished
       hypotheses (all of which meet every term) and the best live one, normalised at its length, cannot beat the
       worst of them; or no candidate goes on; or at its limit, where its live beams finish too, those that miss
@@ -562,7 +564,7 @@ class ConstrainedBeam(Beam):
         now = self.state[rows] + base[rows]
         after = np.where(tracking, self.table.advance(now, tokens), now)
         met = self.met[rows] | np.where(tracking, self.table.done[after], 0)
-        bank = 2 * popcount(met) + ((self.table.begun[after] & ~met) != 0)
+        bank = popcount(met) * DEPTHS + self.table.depth(after, met)
         # eos: as Beam's walk, best first
         flat = beam * vocab + tokens
         order = np.lexsort((flat, -total, sentence))
@@ -573,7 +575,7 @@ class ConstrainedBeam(Beam):
         # the k that go on: banks take turns, the highest first
         on = np.flatnonzero(tokens != self.eos_id)
         by_bank = on[np.lexsort((flat[on], -total[on], -bank[on], sentence[on]))]
-        turn = within(np.arange(len(by_bank)), sentence[by_bank] * (2 * 64 + 2) + bank[by_bank])
+        turn = within(np.arange(len(by_bank)), sentence[by_bank], bank[by_bank])
         chosen = by_bank[np.lexsort((-bank[by_bank], turn, sentence[by_bank]))]
         slot = within(np.arange(len(chosen)), sentence[chosen])
         chosen, slot = chosen[slot < k], slot[slot < k]
@@ -611,12 +613,15 @@ class ConstrainedBeam(Beam):
         return done, next_tokens.reshape(-1), rows
 
 
-def within(counts: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """`counts` (a running count, non-decreasing) made relative to the start of each run of equal `groups`
-    (sorted so that equal groups are together): each entry's count since its group began."""
-    if not len(groups):
+def within(counts: np.ndarray, *keys: np.ndarray) -> np.ndarray:
+    """`counts` (a running count, non-decreasing) made relative to the start of each run of entries with equal
+    `keys` (sorted so that equal keys are together): each entry's count since its run began."""
+    if not len(counts):
         return counts
-    starts = np.concatenate([[True], groups[1:] != groups[:-1]])
+    starts = np.zeros(len(counts), bool)
+    starts[0] = True
+    for key in keys:
+        starts[1:] |= key[1:] != key[:-1]
     return counts - np.maximum.accumulate(np.where(starts, counts, 0))
 
 
