@@ -176,3 +176,34 @@ def test_translate_a_file_as_the_library_translates_its_runs(demo_model_dir, tmp
     (tmp_path / "bad.docx").write_bytes(b"not a zip")
     assert_user_error(twostep("translate", demo_model_dir, "--file", tmp_path / "bad.docx", "--out",
                               tmp_path / "o.docx"), "not a valid .docx file")
+
+
+def test_translate_with_a_glossary(demo_model_dir, tmp_path):
+    """--glossary: a sentence with a term holds its target (a wrong one on purpose, so that it shows); one without
+    decodes as without the glossary; --json says which terms each text applied and missed."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("seven\tacht\nthousand\ttausend\n")
+    plain = twostep("translate", demo_model_dir, "--json", "seven", "nine hundred")
+    termed = twostep("translate", demo_model_dir, "--json", "--glossary", glossary, "seven", "nine hundred")
+    assert plain.returncode == termed.returncode == 0, termed.stderr
+    plain, termed = json.loads(plain.stdout), json.loads(termed.stdout)
+    assert termed[1]["translations"][0]["text"] == plain[1]["translations"][0]["text"]
+    assert termed[1]["applied_terms"] == termed[1]["unmet_terms"] == []
+    assert "acht" not in plain[0]["translations"][0]["text"]
+    assert "acht" in termed[0]["translations"][0]["text"]
+    assert termed[0]["applied_terms"] == [{"source": "seven", "targets": ["acht"]}]
+
+
+@pytest.mark.parametrize("content, extra, message", [
+    ("hundred\n", (), "--glossary {path}: glossary line 1: a source term, a tab, then its target; got 'hundred'"),
+    ("hundred\t\n", (), "--glossary {path}: glossary line 1: the glossary entry 'hundred' has an empty target term"),
+    ("x" * 300 + "\tx\n", (), "--glossary {path}: glossary line 1: the glossary term 'xxx"),
+    ("hundred\thundert\n", ("--sample",), "a glossary needs beam search or greedy decoding, not sampling"),
+    (None, (), "--glossary {path}: cannot read it (No such file or directory)"),
+])
+def test_a_bad_glossary_is_one_line(demo_model_dir, tmp_path, content, extra, message):
+    path = tmp_path / "terms.tsv"
+    if content is not None:
+        path.write_text(content)
+    assert_user_error(twostep("translate", demo_model_dir, "--glossary", path, *extra, "six hundred"),
+                      message.format(path=path))
