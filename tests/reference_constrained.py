@@ -83,13 +83,14 @@ def constrained_beam(logits_of: Logits, terms, *, beam_size: int, n_best: int, l
         if any(t == eos_id for (b, t), _ in walk):
             keep_best()
         banks: dict[tuple[int, int], list] = {}
+        best = next(((b, t) for (b, t), _ in walk if t != eos_id), None)
+        chosen = [(live[best[0]][0] + (best[1],), candidates[best])] if best is not None else []
         for (b, t), total in walk:
-            if t != eos_id:
+            if t != eos_id and (b, t) != best:
                 tokens = live[b][0] + (t,)
                 done = met(tokens, terms)
                 bank = (len(done), depth(tokens, terms, done))
                 banks.setdefault(bank, []).append((tokens, total))
-        chosen = []
         for turn in range(max((len(v) for v in banks.values()), default=0)):
             for bank in sorted(banks, reverse=True):
                 if turn < len(banks[bank]):

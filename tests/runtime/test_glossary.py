@@ -134,3 +134,23 @@ def test_a_sentence_s_terms_are_constrained_by_their_target_variants():
     applied, unmet = terms.outcome([1])
     assert [f.entry.source for f in applied] == ["dog"] and [f.entry.source for f in unmet] == ["bird", "cat"]
     assert sentence_terms(g, "nothing here", variants) is None
+
+
+def test_a_target_term_is_also_met_by_each_piece_that_holds_it_whole(monkeypatch):
+    """The demo model writes German numbers in compound pieces: "sieben" is written by "▁siebenhundert" as well
+    as by its own pieces; a term held by more than MAX_HOLDERS pieces (too short to say anything) gets none."""
+    from pathlib import Path
+
+    from twostep.runtime import tokenizer
+
+    tok = tokenizer.Tokenizer.sentencepiece(Path(__file__).parents[2] / "twostep" / "demo" / "model" /
+                                            "tokenizer.model")
+    variants = tok.target_variants("sieben")
+    assert [[tok.target_piece(i) for i in v] for v in variants[:2]] == [["▁", "sieben"], ["sieben"]]
+    holders = {tok.target_piece(v[0]) for v in variants[2:]}
+    assert all(len(v) == 1 for v in variants[2:])
+    assert {"▁siebenhundert", "siebenundzwanzig", "hundertsieben", "siebentausend"} <= holders
+    assert holders == {p for i, p in ((i, tok.target_piece(i)) for i, _ in tok.target_texts())
+                       if "sieben" in p.replace("▁", " ")} - {"sieben"}
+    monkeypatch.setattr(tokenizer, "MAX_HOLDERS", len(holders))  # "sieben" itself is one more
+    assert tok.target_variants("sieben") == variants[:2]

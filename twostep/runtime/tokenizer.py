@@ -27,6 +27,7 @@ BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback piece: one byt
 # How a glossary's target term may stand in a translation, for target_variants: first, after a space, attached to
 # what comes before it (an opening bracket, an elision's apostrophe, a script written without spaces).
 CONTEXTS = ("", "a ", "(", "'")
+MAX_HOLDERS = 512  # target pieces that hold a term whole, beyond which none count (target_variants)
 
 
 def load_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
@@ -162,9 +163,10 @@ class Tokenizer:
         return self.target_sp.encode(text) if self.target_pieces is None else self.pieces(text)
 
     def target_variants(self, term: str) -> list[tuple[int, ...]]:
-        """Every tokenization the target text `term` takes in a translation (CONTEXTS: its pieces where it
-        follows each context on a piece boundary), as target ids; one that holds unk's id is left out (the model
-        cannot write it)."""
+        """Every tokenization the target text `term` takes in a translation, as target ids: its pieces where it
+        follows each of CONTEXTS on a piece boundary, then each single piece that holds it whole (a compound's:
+        "▁siebenhundert" holds "sieben"), unless more than MAX_HOLDERS do (a term that short says nothing). One
+        that holds unk's id is left out (the model cannot write it)."""
         out: dict[tuple[int, ...], None] = {}
         for context in CONTEXTS:
             spans = self.target_spans(context + term)
@@ -174,7 +176,22 @@ class Tokenizer:
             ids = tuple(i for i, begin, _ in spans if begin >= cut)
             if ids and self.spec.unk_id not in ids:
                 out[ids] = None
+        holders = [i for i, text in self.target_texts() if term in text]
+        if len(holders) <= MAX_HOLDERS:
+            out.update(((i,), None) for i in holders if i != self.spec.unk_id)
         return list(out)
+
+    def target_texts(self) -> list[tuple[int, str]]:
+        """(id, text) of every ordinary target piece, its word-start mark a space (made once)."""
+        if getattr(self, "_target_texts", None) is None:
+            if self.target_pieces is not None:
+                pieces = self.target_pieces.items()
+            else:
+                sp = self.target_sp
+                pieces = [(i, sp.id_to_piece(i)) for i in range(sp.get_piece_size())
+                          if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i))]
+            self._target_texts = [(i, p.replace(SPIECE_UNDERLINE, " ")) for i, p in pieces]
+        return self._target_texts
 
     def target_spans(self, text: str) -> list[tuple[int, int, int]]:
         """(target id, begin, end) of each piece of `text` through the target model, begin and end its span in
@@ -266,6 +283,13 @@ class JsonTokenizer(Tokenizer):
         encoding = self.hf.encode(text, add_special_tokens=False)
         return [(i, begin, end) for i, (begin, end) in zip(encoding.ids, encoding.offsets)]
 
+    def target_texts(self) -> list[tuple[int, str]]:
+        if getattr(self, "_target_texts", None) is None:
+            special = set(self.hf.get_added_tokens_decoder())  # added tokens (language codes): id -> token
+            self._target_texts = [(i, p.replace(SPIECE_UNDERLINE, " ")) for p, i in self.hf.get_vocab().items()
+                                  if i not in special]
+        return self._target_texts
+
     def encode_target(self, text: str) -> list[int]:
         return self.pieces(text)
 
@@ -327,14 +351,17 @@ class MosesBPETokenizer(Tokenizer):
         return self.pieces(text)
 
     def target_variants(self, term: str) -> list[tuple[int, ...]]:
-        """The one tokenization Moses and BPE give a target term (each word apart, whatever precedes it)."""
+        """The one tokenization Moses and BPE give a target term (each word apart, whatever precedes it), then each
+        piece that holds it whole (Tokenizer.target_variants)."""
         from sacremoses import MosesTokenizer
 
         if getattr(self, "target_moses", None) is None:
             self.target_moses = MosesTokenizer(self.spec.moses[1])
         words = " ".join(self.target_moses.tokenize(self.normalizer.normalize(term))).strip("\r\n ").split(" ")
         ids = tuple(self.target_ids().get(p, self.spec.unk_id) for p in self.bpe.segment_tokens(words) if p)
-        return [ids] if ids and self.spec.unk_id not in ids else []
+        out = [ids] if ids and self.spec.unk_id not in ids else []
+        holders = [(i,) for i, p in self.target_pieces.items() if term in p.removesuffix(self.SEPARATOR)]
+        return out + [h for h in holders if h not in out] if len(holders) <= MAX_HOLDERS else out
 
     def join(self, pieces: list[str]) -> str:
         words = " ".join(pieces).replace(self.SEPARATOR + " ", "").split(" ")

@@ -465,10 +465,11 @@ class ConstrainedBeam(Beam):
     - eos is no candidate of a beam that has not met every term (it stays in the softmax).
     - An eos candidate finishes its hypothesis as in Beam: if fewer than k of the candidates before it (best
       first, ties to the lower beam * V + token) go on.
-    - The k that go on are chosen by bank: a candidate's bank is the terms it has met, then how many tokens deep
-      it is inside a sequence of a term it has not (Table.depth), the higher the fuller. Best first within each
-      bank, the banks take turns, the fullest first: the best of the fullest bank, the best of the next, ...,
-      then each bank's second best, ...
+    - The k that go on: the best candidate (whatever it meets: the search does not lose the model's own
+      translation, which may meet the terms by itself), then the others by bank. A candidate's bank is the terms
+      it has met, then how many tokens deep it is inside a sequence of a term it has not (Table.depth), the higher
+      the fuller. Best first within each bank, the banks take turns, the fullest first: the best of the fullest
+      bank, the best of the next, ..., then each bank's second best, ...
     - A sentence is done as under the "n_best" rule (whatever `beam_stop` says): it has n_best finished
       hypotheses (all of which meet every term) and the best live one, normalised at its length, cannot beat the
       worst of them; or no candidate goes on; or at its limit, where its live beams finish too, those that miss
@@ -572,10 +573,15 @@ class ConstrainedBeam(Beam):
         going_on = (~is_eos).astype(np.int64)
         before = within(np.cumsum(going_on) - going_on, sentence[order])
         ending = order[is_eos & (before < k)]
-        # the k that go on: banks take turns, the highest first
+        # the k that go on: the best, then the banks take turns, the fullest first
         on = np.flatnonzero(tokens != self.eos_id)
-        by_bank = on[np.lexsort((flat[on], -total[on], -bank[on], sentence[on]))]
-        turn = within(np.arange(len(by_bank)), sentence[by_bank], bank[by_bank])
+        best_first = on[np.lexsort((flat[on], -total[on], sentence[on]))]
+        first = best_first[np.concatenate([[True], sentence[best_first][1:] != sentence[best_first][:-1]])]
+        rest = np.setdiff1d(on, first)
+        by_bank = rest[np.lexsort((flat[rest], -total[rest], -bank[rest], sentence[rest]))]
+        turn = np.concatenate([np.full(len(first), -1), within(np.arange(len(by_bank)), sentence[by_bank],
+                                                               bank[by_bank])])
+        by_bank = np.concatenate([first, by_bank])
         chosen = by_bank[np.lexsort((-bank[by_bank], turn, sentence[by_bank]))]
         slot = within(np.arange(len(chosen)), sentence[chosen])
         chosen, slot = chosen[slot < k], slot[slot < k]
