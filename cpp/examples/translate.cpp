@@ -2,11 +2,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <type_traits>
+
+#include <nlohmann/json.hpp>
 
 #include "twostep/twostep.h"
 
@@ -18,7 +21,7 @@ const char* kUsage =
     "                         [--beam-stop n_best|transformers|transformers_early|transformers_never|ctranslate2]\n"
     "                         [--min-new-tokens N] [--no-repeat-ngram-size N]\n"
     "                         [--src-lang CODE] [--tgt-lang CODE] [--stream] [--kv-cache auto|inplace|concat]\n"
-    "                         [--replace-unknowns | --keep-unknowns]\n"
+    "                         [--replace-unknowns | --keep-unknowns] [--constraints FILE [--unmet]]\n"
     "Reads one sentence a line from stdin (with --ids: space-separated token ids ending with eos) and prints\n"
     "one line per input: the translation, or with --n-best N the N best, tab-separated (--scores: each\n"
     "preceded by its score and a space). --repeat N decodes the input N more times after --warmup runs and\n"
@@ -36,7 +39,10 @@ const char* kUsage =
     "twostep's (greedy). --stream prints the decode as it goes\n"
     "instead, one JSON object a line: {\"sentence\": I, \"delta\": TEXT, \"finished\": BOOL} (with --ids\n"
     "\"tokens\": [IDS, so far] in place of \"delta\"), I counted from 0 in input order; greedy: as each sentence\n"
-    "grows, beam search: as each ends.\n";
+    "grows, beam search: as each ends. --constraints FILE: each sentence's lexical constraints, one JSON list a\n"
+    "line in input order, its terms, each a list of target token-id sequences of which one must appear in the\n"
+    "output ([[[12, 7], [30]], [[25]]]; []: none), decoded by constrained beam search; --unmet then prints before\n"
+    "each hypothesis (after its score) the indices of the terms it misses, [0,2] or [], and a space.\n";
 
 // A flag's value, the whole of it: an int within int's range, or a finite double. Whether it is in the option's
 // range is the library's to say (twostep::with_defaults).
@@ -99,6 +105,45 @@ bool print_event(const twostep::StepEvent& event, bool ids_mode) {
   return true;
 }
 
+// --constraints' file: one sentence's terms a line, [[[ids...], ...], ...]; errors name the line.
+std::vector<twostep::Constraints> read_constraints(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw twostep::Error("--constraints: cannot read " + path);
+  std::vector<twostep::Constraints> out;
+  size_t number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    try {
+      const nlohmann::json terms = nlohmann::json::parse(line);
+      twostep::Constraints c;
+      if (!terms.is_array()) throw std::invalid_argument("not a list");
+      for (const auto& term : terms) {
+        if (!term.is_array()) throw std::invalid_argument("a term is not a list");
+        c.terms.emplace_back();
+        for (const auto& sequence : term) {
+          if (!sequence.is_array()) throw std::invalid_argument("a sequence is not a list");
+          c.terms.back().emplace_back();
+          for (const auto& id : sequence) {
+            if (!id.is_number_integer()) throw std::invalid_argument("a token id is not an integer");
+            c.terms.back().back().push_back(id.get<int64_t>());
+          }
+        }
+      }
+      out.push_back(std::move(c));
+    } catch (const std::exception&) {  // the JSON's and ours
+      throw twostep::Error("--constraints " + path + " line " + std::to_string(number) + ": expected a list of " +
+                           "terms, each a list of token-id lists ([[[12, 7], [30]], [[25]]])");
+    }
+  }
+  return out;
+}
+
+std::string unmet_text(const std::vector<int>& unmet) {
+  std::string out;
+  for (int i : unmet) out += (out.empty() ? "" : ",") + std::to_string(i);
+  return "[" + out + "]";
+}
+
 std::string score_text(double score) {  // round-trip precision
   char text[32];
   std::snprintf(text, sizeof text, "%.17g", score);
@@ -111,7 +156,8 @@ int main(int argc, char** argv) {
     std::string dir;
     twostep::Options options;
     twostep::DecodeOptions decode;
-    bool ids_mode = false, scores = false, stream = false;
+    bool ids_mode = false, scores = false, stream = false, unmet = false;
+    std::string constraints;
     int warmup = 0, repeat = 0;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
@@ -142,6 +188,8 @@ int main(int argc, char** argv) {
       else if (arg == "--ids") ids_mode = true;
       else if (arg == "--scores") scores = true;
       else if (arg == "--stream") stream = true;
+      else if (arg == "--constraints") constraints = value();
+      else if (arg == "--unmet") unmet = true;
       else if (arg.rfind("-", 0) == 0 || !dir.empty()) throw twostep::Error("unexpected argument " + arg + "\n" + kUsage);
       else dir = arg;
     }
@@ -158,6 +206,12 @@ int main(int argc, char** argv) {
     for (std::string line; std::getline(std::cin, line);) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       lines.push_back(line);
+    }
+    if (!constraints.empty()) {
+      decode.constraints = read_constraints(constraints);
+      if (decode.constraints.size() != lines.size())
+        throw twostep::Error("--constraints " + constraints + ": " + std::to_string(decode.constraints.size()) +
+                             " lines for " + std::to_string(lines.size()) + " sentences");
     }
     std::vector<twostep::Ids> sources;
     for (size_t n = 0; ids_mode && n < lines.size(); ++n) sources.push_back(parse_ids(lines[n], n + 1));
@@ -179,6 +233,7 @@ int main(int argc, char** argv) {
       for (size_t h = 0; h < hyps.size(); ++h) {
         if (h) std::cout << '\t';
         if (scores) std::cout << score_text(hyps[h].score) << ' ';
+        if (unmet) std::cout << unmet_text(hyps[h].unmet) << ' ';
         std::cout << (ids_mode ? ids_text(hyps[h].tokens) : model.decode(hyps[h]));
       }
       std::cout << '\n';

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 namespace twostep::detail {
 namespace {
@@ -474,6 +475,277 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
   }
   for (int64_t b = 0; b < batch; ++b) {  // Python: Beam.best
     keep_best(finished[b], n_best);
+    for (Hypothesis& h : finished[b]) drop_forced(h.tokens, forced, static_cast<size_t>(b));
+  }
+  return finished;
+}
+
+
+namespace {
+constexpr int64_t kDepths = int64_t{1} << 20;  // a bank: terms met * kDepths + depth inside a term not met
+
+// A sentence's terms looked up the obvious way in a hypothesis' tracked tokens (those after the forced ones), where
+// Python runs an Aho-Corasick automaton: the same answers, as tests/reference_constrained.py finds them.
+struct Terms {
+  const Constraints& c;
+
+  static bool ends_with(const Ids& tokens, const Ids& sequence, size_t part) {
+    return part <= tokens.size() && std::equal(sequence.begin(), sequence.begin() + part, tokens.end() - part);
+  }
+  // The terms a sequence of which the tokens end with.
+  uint64_t ending(const Ids& tokens) const {
+    uint64_t mask = 0;
+    for (size_t i = 0; i < c.terms.size(); ++i)
+      for (const Ids& sequence : c.terms[i])
+        if (ends_with(tokens, sequence, sequence.size())) mask |= uint64_t{1} << i;
+    return mask;
+  }
+  // How deep the tokens end inside a sequence of a term not in `met`: its longest proper prefix they end with.
+  int64_t depth(const Ids& tokens, uint64_t met) const {
+    int64_t out = 0;
+    for (size_t i = 0; i < c.terms.size(); ++i)
+      for (const Ids& sequence : c.terms[i])
+        for (size_t part = 1; !(met >> i & 1) && part < sequence.size(); ++part)
+          if (ends_with(tokens, sequence, part)) out = std::max<int64_t>(out, static_cast<int64_t>(part));
+    return out;
+  }
+  // The tokens that take the tokens further along a sequence of a term not in `met` (from any prefix they end
+  // with, the empty one included).
+  void ahead(const Ids& tokens, uint64_t met, Ids& out) const {
+    out.clear();
+    for (size_t i = 0; i < c.terms.size(); ++i)
+      for (const Ids& sequence : c.terms[i])
+        for (size_t part = 0; !(met >> i & 1) && part < sequence.size(); ++part)
+          if (ends_with(tokens, sequence, part)) out.push_back(sequence[part]);
+  }
+};
+
+// Python's ConstrainedBeam.keep_best: those that meet more terms first, then the best; `pool` of them.
+void keep_best_constrained(std::vector<Hypothesis>& hyps, int64_t pool) {
+  std::stable_sort(hyps.begin(), hyps.end(), [](const Hypothesis& a, const Hypothesis& b) {
+    return a.unmet.size() != b.unmet.size() ? a.unmet.size() < b.unmet.size() : a.score > b.score;
+  });
+  if (static_cast<int64_t>(hyps.size()) > pool) hyps.resize(pool);
+}
+
+struct Candidate {
+  double total;
+  int64_t flat;  // beam * vocab + token
+  int64_t bank = 0;
+  uint64_t met = 0;
+};
+}  // namespace
+
+int64_t constraints_length(const Constraints& c) {
+  int64_t out = 0;
+  for (const auto& term : c.terms) {
+    size_t longest = 0;
+    for (const Ids& sequence : term) longest = std::max(longest, sequence.size());
+    out += static_cast<int64_t>(longest);
+  }
+  return out;
+}
+
+std::string constraints_problem(const Constraints& c, int64_t vocab) {
+  if (c.terms.size() > kMaxTerms)
+    return "a sentence takes at most " + std::to_string(kMaxTerms) + " terms, got " + std::to_string(c.terms.size());
+  for (const auto& term : c.terms) {
+    if (term.empty() || std::any_of(term.begin(), term.end(), [](const Ids& s) { return s.empty(); }))
+      return "a constraint term needs at least one sequence of at least one token";
+    for (const Ids& sequence : term)
+      for (int64_t id : sequence)
+        if (id < 0 || id >= vocab)
+          return "a constraint has token id " + std::to_string(id) + ", outside the target vocabulary [0, " +
+                 std::to_string(vocab) + ")";
+  }
+  return "";
+}
+
+std::vector<std::vector<Hypothesis>> constrained_beam_search(
+    StepSession& session, const std::vector<Ids>& sources, const Specials& s, int beam_size, double length_penalty,
+    int n_best, const std::vector<int>& limits, bool suppress_eos, const std::vector<Ids>& forced,
+    const std::vector<Constraints>& constraints, const Progress& progress, int min_new_tokens,
+    int no_repeat_ngram_size) {
+  if (n_best < 1 || n_best > beam_size)
+    throw Error("n_best must be between 1 and the beam size " + std::to_string(beam_size) + ", got " +
+                std::to_string(n_best));
+  if (limits.size() != sources.size() || constraints.size() != sources.size())
+    throw Error("constrained beam search takes a limit and constraints for each sentence");
+  for (const Constraints& c : constraints)
+    if (const std::string problem = constraints_problem(c, session.vocab()); !problem.empty()) throw Error(problem);
+  session.start(sources);
+  const int64_t batch = static_cast<int64_t>(sources.size()), k = beam_size, vocab = session.vocab();
+  const int64_t rows_n = batch * k;
+  std::vector<int64_t> rows(rows_n);
+  for (int64_t r = 0; r < rows_n; ++r) rows[r] = r / k;
+  session.expand(rows);
+  std::vector<double> scores(rows_n, kNegInf);
+  for (int64_t b = 0; b < batch; ++b) scores[b * k] = 0.0;  // the first step expands one beam only
+  std::vector<Ids> history(rows_n);
+  std::vector<uint64_t> met(rows_n, 0);  // each row's terms met
+  Ids tokens(rows_n, s.start_id);
+  const Ids banned = banned_ids(s, suppress_eos);
+  std::vector<Terms> terms;
+  std::vector<uint64_t> every;
+  for (const Constraints& c : constraints) {
+    terms.push_back({c});
+    every.push_back((uint64_t{1} << c.terms.size()) - 1);
+  }
+  std::vector<std::vector<Hypothesis>> finished(batch);
+  std::vector<bool> done(batch, false);
+  auto norm = [&](double score, int64_t length) {
+    return score / std::pow(static_cast<double>(std::max<int64_t>(length, 1)), length_penalty);
+  };
+  auto best = [&](int64_t b) {
+    return finished[b].empty() ? Ids{} : shown(finished[b][0].tokens, forced, static_cast<size_t>(b));
+  };
+  const int max_limit = limits.empty() ? 0 : *std::max_element(limits.begin(), limits.end());
+  std::vector<double> tmp, top_of(k), lse_of(k);
+  std::vector<std::pair<double, int64_t>> top;
+  std::vector<Candidate> cands;
+  Ids ahead, tail;
+  bool stopped = false;
+
+  for (int t = 0; t < max_limit; ++t) {
+    float* logits = session.step(tokens);
+    std::vector<double> next_scores(rows_n, kNegInf);
+    Ids next_tokens(rows_n, s.pad_id);
+    std::vector<uint64_t> next_met(rows_n, 0);
+    std::vector<int64_t> origins(rows_n);
+    for (int64_t r = 0; r < rows_n; ++r) origins[r] = r % k;
+    for (int64_t b = 0; b < batch; ++b) {
+      if (done[b]) continue;
+      const int64_t forced_id = forced_at(forced, static_cast<size_t>(b), t);
+      const bool tracking = forced_id < 0;  // the terms are tracked after the forced tokens
+      const size_t skip = static_cast<size_t>(b) < forced.size() ? forced[b].size() : 0;  // untracked tokens
+      auto tracked = [&](int64_t row) {
+        const Ids& h = history[row];
+        return Ids(h.begin() + static_cast<std::ptrdiff_t>(std::min(skip, h.size())), h.end());
+      };
+      float* sentence = logits + b * k * vocab;
+      const double* score = &scores[b * k];
+      // Each live beam's log-softmax normaliser, then its row without what it may not pick (Python's advance).
+      for (int64_t beam = 0; beam < k; ++beam) {
+        float* row = sentence + beam * vocab;
+        if (forced_id >= 0) force(row, vocab, forced_id);
+        block_early_eos(row, t, min_new_tokens, s.eos_id);
+        if (score[beam] == kNegInf) continue;
+        std::tie(top_of[beam], lse_of[beam]) = log_softmax_row(row, vocab, tmp);
+        ban(row, banned);
+        if (met[b * k + beam] != every[b]) row[s.eos_id] = -std::numeric_limits<float>::infinity();
+        if (no_repeat_ngram_size > 0 && forced_id < 0)
+          ban(row, repeated_ngrams(s.start_id, history[b * k + beam], no_repeat_ngram_size));
+      }
+      auto total_of = [&](int64_t beam, int64_t token) {
+        return score[beam] + ((static_cast<double>(sentence[beam * vocab + token]) - top_of[beam]) - lse_of[beam]);
+      };
+      // The candidates: the sentence's 2k best, each live beam's tokens ahead and its best token; once each.
+      top.clear();
+      const size_t n = static_cast<size_t>(2 * k);
+      cands.clear();
+      for (int64_t beam = 0; beam < k; ++beam) {
+        if (score[beam] == kNegInf) continue;
+        for (int64_t token = 0; token < vocab; ++token) {
+          const double v = total_of(beam, token);
+          if (v == kNegInf || (top.size() == n && !(v > top.back().first))) continue;
+          auto at = std::upper_bound(top.begin(), top.end(), v, [](double x, const auto& e) { return x > e.first; });
+          top.insert(at, {v, beam * vocab + token});
+          if (top.size() > n) top.pop_back();
+        }
+        terms[b].ahead(tracked(b * k + beam), met[b * k + beam], ahead);
+        ahead.push_back(argmax(sentence + beam * vocab, vocab));
+        for (int64_t token : ahead) cands.push_back({total_of(beam, token), beam * vocab + token});
+      }
+      for (const auto& [v, flat] : top) cands.push_back({v, flat});
+      std::sort(cands.begin(), cands.end(), [](const Candidate& x, const Candidate& y) { return x.flat < y.flat; });
+      cands.erase(std::unique(cands.begin(), cands.end(),
+                              [](const Candidate& x, const Candidate& y) { return x.flat == y.flat; }),
+                  cands.end());
+      cands.erase(std::remove_if(cands.begin(), cands.end(), [](const Candidate& x) { return x.total == kNegInf; }),
+                  cands.end());
+      for (Candidate& c : cands) {  // its terms met and bank, the token taken
+        const int64_t beam = c.flat / vocab, token = c.flat % vocab;
+        tail = tracked(b * k + beam);
+        if (tracking) tail.push_back(token);
+        c.met = met[b * k + beam] | (tracking ? terms[b].ending(tail) : 0);
+        c.bank = static_cast<int64_t>(__builtin_popcountll(c.met)) * kDepths + terms[b].depth(tail, c.met);
+      }
+      // eos: Beam's walk, best first (ties to the lower beam * vocab + token)
+      std::sort(cands.begin(), cands.end(), [](const Candidate& x, const Candidate& y) {
+        return x.total != y.total ? x.total > y.total : x.flat < y.flat;
+      });
+      int64_t going_before = 0;
+      bool ended = false;
+      for (const Candidate& c : cands) {
+        if (c.flat % vocab != s.eos_id) {
+          ++going_before;
+        } else if (going_before < k) {
+          finished[b].push_back({history[b * k + c.flat / vocab], norm(c.total, t + 1)});
+          ended = true;
+        }
+      }
+      if (ended) keep_best_constrained(finished[b], n_best);
+      // The k that go on: best first within each bank, the banks taking turns, the fullest first.
+      std::vector<Candidate> on;
+      for (const Candidate& c : cands)
+        if (c.flat % vocab != s.eos_id) on.push_back(c);
+      std::stable_sort(on.begin(), on.end(), [](const Candidate& x, const Candidate& y) { return x.bank > y.bank; });
+      std::vector<std::pair<int64_t, size_t>> turns;  // (turn, index into on)
+      for (size_t i = 0; i < on.size(); ++i)
+        turns.push_back({i == 0 || on[i].bank != on[i - 1].bank ? 0 : turns.back().first + 1, i});
+      std::stable_sort(turns.begin(), turns.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      double best_alive = kNegInf;
+      for (size_t slot = 0; slot < turns.size() && static_cast<int64_t>(slot) < k; ++slot) {
+        const Candidate& c = on[turns[slot].second];
+        const int64_t r = b * k + static_cast<int64_t>(slot);
+        next_scores[r] = c.total, next_tokens[r] = c.flat % vocab, origins[r] = c.flat / vocab, next_met[r] = c.met;
+        best_alive = std::max(best_alive, c.total);
+      }
+      const bool full = static_cast<int64_t>(finished[b].size()) == n_best;
+      if (on.empty() || (full && finished[b].back().score >= norm(best_alive, t + 1))) {
+        done[b] = true;
+        if (progress && !stopped) stopped = !progress(static_cast<size_t>(b), best(b), true);
+      }
+    }
+    for (int64_t r = 0; r < rows_n; ++r) rows[r] = (r / k) * k + origins[r];
+    std::vector<Ids> next_history(rows_n);
+    for (int64_t r = 0; r < rows_n; ++r) {
+      next_history[r] = history[rows[r]];
+      next_history[r].push_back(next_tokens[r]);
+    }
+    history.swap(next_history);
+    scores.swap(next_scores);
+    met.swap(next_met);
+    for (int64_t b = 0; b < batch; ++b) {  // at its limit: its live beams finish, with the terms they miss
+      if (done[b] || t + 1 < limits[b]) continue;
+      for (int64_t beam = 0; beam < k; ++beam) {
+        const int64_t r = b * k + beam;
+        if (scores[r] == kNegInf) continue;
+        Hypothesis h{history[r], norm(scores[r], t + 1)};
+        for (size_t i = 0; i < constraints[b].terms.size(); ++i)
+          if (!(met[r] >> i & 1)) h.unmet.push_back(static_cast<int>(i));
+        finished[b].push_back(std::move(h));
+      }
+      keep_best_constrained(finished[b], n_best);
+      done[b] = true;
+      if (progress && !stopped) stopped = !progress(static_cast<size_t>(b), best(b), true);
+    }
+    if (stopped || std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    session.reorder(rows);
+    tokens.swap(next_tokens);
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    if (!done[b]) {  // stopped: its live beams count as finished, as at its limit
+      for (int64_t beam = 0; beam < k; ++beam) {
+        const int64_t r = b * k + beam;
+        if (scores[r] == kNegInf) continue;
+        Hypothesis h{history[r], norm(scores[r], static_cast<int64_t>(history[r].size()))};
+        for (size_t i = 0; i < constraints[b].terms.size(); ++i)
+          if (!(met[r] >> i & 1)) h.unmet.push_back(static_cast<int>(i));
+        finished[b].push_back(std::move(h));
+      }
+      keep_best_constrained(finished[b], n_best);
+    }
     for (Hypothesis& h : finished[b]) drop_forced(h.tokens, forced, static_cast<size_t>(b));
   }
   return finished;

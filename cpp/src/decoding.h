@@ -72,6 +72,30 @@ std::vector<std::vector<Hypothesis>> beam_search(StepSession& session, const std
                                                  BeamStop stop = BeamStop::n_best, const Progress& progress = {},
                                                  int min_new_tokens = 0, int no_repeat_ngram_size = 0);
 
+// Constrained beam search, Python's search.ConstrainedBeam rule for rule (its docstring), one sentence at a time:
+// constraints[i], sentence i's terms (checked: at most kMaxTerms, none empty, ids in the vocabulary); beam_size the
+// beam itself (the caller's max(beam_size, 4)); limits[i] its max_new_tokens. A step's candidates per sentence are
+// its 2k best, each live beam's tokens ahead (into a sequence of a term it has not met) and its best token; eos is
+// out (not of the softmax) for a beam that has not met every term; the k that go on are taken by bank (terms met,
+// then depth inside a sequence of one not met), the banks taking turns, fullest first. The "n_best" stopping
+// rule; at its limit a sentence's live beams finish, those missing terms with Hypothesis::unmet, after the
+// others. The other arguments are beam_search's.
+constexpr size_t kMaxTerms = 32;  // Python's MAX_TERMS
+constexpr int kConstrainedBeam = 4;  // Python's CONSTRAINED_BEAM: the least beam of a constrained sentence
+std::vector<std::vector<Hypothesis>> constrained_beam_search(
+    StepSession& session, const std::vector<Ids>& sources, const Specials& s, int beam_size, double length_penalty,
+    int n_best, const std::vector<int>& limits, bool suppress_eos, const std::vector<Ids>& forced,
+    const std::vector<Constraints>& constraints, const Progress& progress = {}, int min_new_tokens = 0,
+    int no_repeat_ngram_size = 0);
+
+// The tokens the longest way of meeting every term takes: what a constrained sentence's limit grows by (Python's
+// Constraints.length).
+int64_t constraints_length(const Constraints& c);
+
+// Python's Constraints checks ("a sentence takes at most 32 terms, got 33", "a constraint term needs at least one
+// sequence of at least one token"), and every id within [0, vocab): the problem, or empty.
+std::string constraints_problem(const Constraints& c, int64_t vocab);
+
 // The range a decoding option takes: `low` to `high`, both included (`low_open`: above `low`), an integer or a
 // finite number (Python's Bound).
 struct Bound {

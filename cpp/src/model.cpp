@@ -208,6 +208,11 @@ std::vector<std::vector<Hypothesis>> Model::beam_search(const std::vector<Ids>& 
 
 std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& sources, const DecodeOptions& given,
                                                        const StepCallback& on_step) {
+  const bool constrained = std::any_of(given.constraints.begin(), given.constraints.end(),
+                                       [](const Constraints& c) { return !c.terms.empty(); });
+  if (impl_->m.samples && constrained)  // Python: Translator.decode_ids
+    throw Error("a glossary or constraints need beam search or greedy decoding, not sampling (" +
+                impl_->m.dir.string() + "'s decoding defaults sample)");
   if (impl_->m.samples)
     throw Error(impl_->m.dir.string() + ": its decoding defaults sample (decoding.sampling true), which the C++ "
                 "library does not do; decode it with the Python runtime");
@@ -217,6 +222,15 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
   const detail::BeamStop stop = detail::beam_stop(*o.beam_stop);
   const Ids forced_ids = impl_->forced_ids(o.tgt_lang);
   impl_->check_ids(sources);
+  const std::vector<Constraints>& constraints = o.constraints;
+  if (!constraints.empty() && constraints.size() != sources.size())
+    throw Error("constraints: one per sentence, got " + std::to_string(constraints.size()) + " for " +
+                std::to_string(sources.size()) + " sentences");
+  for (size_t i = 0; i < constraints.size(); ++i)
+    if (const std::string problem = detail::constraints_problem(constraints[i], impl_->m.tgt_vocab_size);
+        !problem.empty())
+      throw Error("sentence " + std::to_string(i + 1) + ": " + problem);
+  auto constrained_at = [&](size_t i) { return i < constraints.size() && !constraints[i].terms.empty(); };
   std::vector<size_t> order(sources.size());  // similar lengths share a batch
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sources[a].size() < sources[b].size(); });
@@ -231,29 +245,66 @@ std::vector<std::vector<Hypothesis>> Model::decode_ids(const std::vector<Ids>& s
     // Translator.max_new_tokens): a decode that would outgrow the model ends there.
     const int64_t wanted = max_new_tokens ? max_new_tokens : 2 * static_cast<int64_t>(longest) + 16;
     const int max_new = static_cast<int>(std::min<int64_t>(impl_->m.max_positions, wanted));
-    const std::vector<Ids> forced(forced_ids.empty() ? 0 : batch.size(), forced_ids);
-    detail::Progress progress;  // a batch row's news, as the caller's sentence
-    if (on_step)
-      progress = [&](size_t row, Ids tokens, bool finished) {
-        StepEvent event;
-        event.sentence = order[start + row], event.tokens = std::move(tokens), event.finished = finished;
-        stopped = !on_step(event);
-        return !stopped;
-      };
-    std::vector<std::vector<Hypothesis>> outs;
-    if (beam_size > 1) {
-      outs = ort_errors("beam search", [&] {
-        return detail::beam_search(*impl_->session, batch, impl_->specials(), beam_size, *o.length_penalty,
-                                   *o.n_best, max_new, o.suppress_eos, forced, stop, progress, min_new_tokens, ngram);
-      });
-    } else {
-      auto tokens = ort_errors("greedy", [&] {
-        return detail::greedy(*impl_->session, batch, impl_->specials(), max_new, o.suppress_eos, forced, progress,
-                              min_new_tokens, ngram);
-      });
-      for (auto& t : tokens) outs.push_back({{std::move(t), 0.0}});
+    // The batch's constrained sentences decode by themselves (Python: a ConstrainedBeam group of their own),
+    // after the others; each row is computed as if its sentence were alone either way.
+    std::vector<size_t> plain, constrained_rows;  // positions in the batch
+    for (size_t i = start; i < end; ++i) (constrained_at(order[i]) ? constrained_rows : plain).push_back(i - start);
+    auto rows_of = [&](const std::vector<size_t>& at) {
+      std::vector<Ids> out;
+      for (size_t i : at) out.push_back(batch[i]);
+      return out;
+    };
+    auto progress_of = [&](const std::vector<size_t>& at) {  // a row's news, as the caller's sentence
+      detail::Progress progress;
+      if (on_step)
+        progress = [&, at](size_t row, Ids tokens, bool finished) {
+          StepEvent event;
+          event.sentence = order[start + at[row]], event.tokens = std::move(tokens), event.finished = finished;
+          stopped = !on_step(event);
+          return !stopped;
+        };
+      return progress;
+    };
+    if (!plain.empty()) {
+      const std::vector<Ids> part = rows_of(plain);
+      const std::vector<Ids> forced(forced_ids.empty() ? 0 : part.size(), forced_ids);
+      const detail::Progress progress = progress_of(plain);
+      std::vector<std::vector<Hypothesis>> outs;
+      if (beam_size > 1) {
+        outs = ort_errors("beam search", [&] {
+          return detail::beam_search(*impl_->session, part, impl_->specials(), beam_size, *o.length_penalty,
+                                     *o.n_best, max_new, o.suppress_eos, forced, stop, progress, min_new_tokens,
+                                     ngram);
+        });
+      } else {
+        auto tokens = ort_errors("greedy", [&] {
+          return detail::greedy(*impl_->session, part, impl_->specials(), max_new, o.suppress_eos, forced, progress,
+                                min_new_tokens, ngram);
+        });
+        for (auto& t : tokens) outs.push_back({{std::move(t), 0.0}});
+      }
+      for (size_t i = 0; i < plain.size(); ++i) results[order[start + plain[i]]] = std::move(outs[i]);
     }
-    for (size_t i = start; i < end; ++i) results[order[i]] = std::move(outs[i - start]);
+    if (!constrained_rows.empty() && !stopped) {
+      const std::vector<Ids> part = rows_of(constrained_rows);
+      const std::vector<Ids> forced(forced_ids.empty() ? 0 : part.size(), forced_ids);
+      std::vector<Constraints> terms;
+      std::vector<int> limits;  // Python's Translator.limits_with
+      for (size_t i : constrained_rows) {
+        terms.push_back(constraints[order[start + i]]);
+        const int64_t grown = std::min<int64_t>(max_new + detail::constraints_length(terms.back()),
+                                                impl_->m.max_positions);
+        limits.push_back(static_cast<int>(std::max<int64_t>(max_new, grown)));
+      }
+      auto outs = ort_errors("constrained beam search", [&] {
+        const int k = std::max(beam_size, detail::kConstrainedBeam);
+        return detail::constrained_beam_search(*impl_->session, part, impl_->specials(), k, *o.length_penalty,
+                                               *o.n_best, limits, o.suppress_eos, forced, terms,
+                                               progress_of(constrained_rows), min_new_tokens, ngram);
+      });
+      for (size_t i = 0; i < constrained_rows.size(); ++i)
+        results[order[start + constrained_rows[i]]] = std::move(outs[i]);
+    }
   }
   if (*o.replace_unknowns) impl_->replace_unknowns(sources, results, forced_ids);
   return results;

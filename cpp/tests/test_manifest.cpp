@@ -837,6 +837,32 @@ TEST_CASE("beam search: forced tokens score 0, count in the length, and are not 
   CHECK(session.fed[1][1] == kPad);
 }
 
+TEST_CASE("constrained beam search: terms are tracked after the forced tokens; at the limit, unmet terms") {
+  // eos is every step's best; the forced id 7 is the term, which the forced step itself does not meet
+  ScriptedSession session({{0, 0, 0, 6, 1, 1, 0, -2}});
+  using Ids = twostep::Ids;
+  auto of = [](std::vector<std::vector<Ids>> terms) { return twostep::Constraints{std::move(terms)}; };
+  const std::vector<twostep::Constraints> seven = {of({{Ids{kForced}}})};
+  const auto met = twostep::detail::constrained_beam_search(session, {{5, 3}}, kSpecials, 4, 1.0, 1, {10}, false,
+                                                            {{kForced}}, seven);
+  REQUIRE(met[0].size() == 1);
+  CHECK(met[0][0].tokens == twostep::Ids{kForced});  // generated after the forced one, then eos
+  CHECK(met[0][0].unmet.empty());
+  CHECK(met[0][0].score == doctest::Approx(-2.6822995130350535).epsilon(1e-12));  // Python's decode(prefixes=)
+  // Room for one token after the forced one: [5, 5] cannot be held, every hypothesis says so
+  const std::vector<twostep::Constraints> fives = {of({{Ids{5, 5}}, {Ids{4}}})};
+  const auto unmet = twostep::detail::constrained_beam_search(session, {{5, 3}}, kSpecials, 4, 1.0, 2, {2}, false,
+                                                              {{kForced}}, fives);
+  REQUIRE(unmet[0].size() == 2);
+  CHECK(unmet[0][0].tokens == twostep::Ids{4});  // meets term 1: before those that meet none
+  CHECK(unmet[0][0].unmet == std::vector<int>{0});
+  CHECK(unmet[0][1].tokens == twostep::Ids{5});  // inside [5, 5]: next
+  CHECK(unmet[0][1].unmet == std::vector<int>{0, 1});
+  CHECK_THROWS_WITH(twostep::detail::constrained_beam_search(session, {{5, 3}}, kSpecials, 4, 1.0, 1, {2}, false,
+                                                             {}, {of({{Ids{}}})}),
+                    "a constraint term needs at least one sequence of at least one token");
+}
+
 TEST_CASE("beam search: never_generate ids stay in the softmax but are never candidates") {
   ScriptedSession session(kScript);
   const auto& s = kScript;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ from cpp_helpers import CPP, stream_cpp
 from cpp_helpers import translate_cpp as translate
 from twostep.errors import BadArtifact, BadInput
 from twostep.runtime.decoding import DecodeOptions
+from twostep.runtime.decoding.constraints import Constraints
 from twostep.runtime.translator import open_translator
 
 pytestmark = pytest.mark.slow
@@ -701,3 +703,111 @@ def test_cpp_refuses_text_for_a_moses_bpe_package_with_one_line(cpp_build, opus_
     assert proc.stderr == ("error: tokenizer kind 'moses-bpe' (Moses tokenization + BPE codes) has no C++ "
                            "implementation: pass token ids (translate_ids; twostep-translate --ids), or translate "
                            "text with the Python runtime (twostep translate, twostep serve)\n")
+
+
+def random_terms(rng, ids: list[int]) -> list:
+    """A sentence's terms: 1-3 of them, each 1-2 sequences of 1-3 ids drawn from `ids`."""
+    return [[rng.choice(ids, int(rng.integers(1, 4))).tolist() for _ in range(int(rng.integers(1, 3)))]
+            for _ in range(int(rng.integers(1, 4)))]
+
+
+def hypotheses(proc: subprocess.CompletedProcess) -> list[list[tuple[list[int], float, list[int]]]]:
+    """twostep-translate --ids --scores --unmet: each sentence's hypotheses, (tokens, score, unmet terms)."""
+    assert proc.returncode == 0, proc.stderr
+    out = []
+    for line in proc.stdout.splitlines():
+        hyps = []
+        for h in line.split("\t"):
+            score, unmet, tokens = (h.split(" ", 2) + [""])[:3]
+            hyps.append(([int(t) for t in tokens.split()], float(score), json.loads(unmet)))
+        out.append(hyps)
+    return out
+
+
+@pytest.mark.parametrize("model, beam, n_best, max_new_tokens", [
+    ("tiny", 1, 1, 0), ("tiny", 4, 3, 0), ("tiny", 4, 2, 5), ("demo", 1, 1, 0), ("demo", 4, 2, 0),
+])
+def test_cpp_decodes_constrained_sentences_as_python_does(cpp_build, tiny_artifact, demo_artifact, test_sentences,
+                                                          tmp_path, model, beam, n_best, max_new_tokens):
+    """--constraints (DecodeOptions::constraints): on random terms, sentences of several lengths in two batches,
+    a third of them unconstrained, C++ gives each sentence Python's Translator.decode_ids(constraints=)
+    hypotheses, in the same order, with their unmet terms and scores; the demo's terms are pieces of other
+    sentences' translations (words the model can say), the tiny model's any ids, some out of reach of a short
+    limit."""
+    rng = np.random.default_rng(beam * 10 + n_best + max_new_tokens)
+    if model == "tiny":
+        art = tiny_artifact[0]
+        sources = [rng.integers(4, 50, int(n)).tolist() + [3] for n in rng.integers(0, 20, 40)]
+    else:
+        art = demo_artifact
+    options = DecodeOptions(beam_size=beam, n_best=n_best, max_new_tokens=max_new_tokens or None)
+    translator, backend = open_translator(art, "ort-cpu", options=options)
+    with backend:
+        if model == "demo":
+            sources = translator.encode(test_sentences[:40])
+            ids = sorted({t for tokens in translator.translate_ids(sources[::-1]) for t in tokens})
+        else:
+            ids = list(range(4, 60))
+        terms = [random_terms(rng, ids) if i % 3 else [] for i in range(len(sources))]
+        plain = translator.decode_ids(sources)
+        python = translator.decode_ids(sources, constraints=[Constraints.of(t) if t else None for t in terms])
+    unconstrained = [i for i, t in enumerate(terms) if not t]
+    assert [python[i][0].tokens for i in unconstrained] == [plain[i][0].tokens for i in unconstrained]
+    file = tmp_path / "constraints.jsonl"
+    file.write_text("".join(json.dumps(t) + "\n" for t in terms))
+    args = ["--ids", "--scores", "--unmet", "--beam", beam, "--n-best", n_best, "--max-new-tokens", max_new_tokens,
+            "--constraints", file]
+    cpp = hypotheses(translate(cpp_build, art, ids_lines(sources), *args))
+    assert_same("constrained hypotheses", [[(h.tokens, list(h.unmet)) for h in hyps] for hyps in python],
+                [[(tokens, unmet) for tokens, _, unmet in hyps] for hyps in cpp])
+    # ONNX Runtime's GEMMs see other batch sizes than Python's (the constrained sentences decode apart): the
+    # scores agree to float32 noise, the tokens exactly
+    for hyps, line in zip(python, cpp):
+        assert [score for _, score, _ in line] == pytest.approx([h.score for h in hyps], rel=1e-6, abs=1e-6)
+    constrained = [i for i, t in enumerate(terms) if t]
+    assert any(python[i][0].tokens != plain[i][0].tokens for i in constrained)  # the terms changed something
+    assert any(not python[i][0].unmet for i in constrained)
+    if max_new_tokens:
+        assert any(h.unmet for i in constrained for h in python[i])
+    for i in constrained:
+        assert len(python[i]) == n_best
+
+
+def test_cpp_refuses_bad_constraints_with_one_line(cpp_build, tiny_artifact, tmp_path):
+    """An empty term or sequence, too many terms, an id outside the vocabulary, a line that is not terms, a count
+    that is not the sentences', a model whose decoding samples: one line, exit 1 (Python's words where it has
+    them)."""
+    art = tiny_artifact[0]
+    file = tmp_path / "constraints.jsonl"
+
+    def run(lines: list[str], artifact: Path = art) -> subprocess.CompletedProcess:
+        file.write_text("".join(line + "\n" for line in lines))
+        return translate(cpp_build, artifact, ["7 8 9 3", "5 6 3"], "--ids", "--constraints", file)
+
+    for terms, python in [([[[]]], True), ([[]], True), ([[[7]]] * 33, True), ([[[7, 60]]], False)]:
+        if python:
+            with pytest.raises(BadInput) as refused:
+                Constraints.of(terms)
+            message = f"sentence 2: {refused.value}"
+        else:
+            message = "sentence 2: a constraint has token id 60, outside the target vocabulary [0, 60)"
+        proc = run(["[]", json.dumps(terms)])
+        assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: {message}\n"), terms
+    proc = run(["[[[7]]]", "[[7]]"])
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (f"error: --constraints {file} line 2: expected a list of terms, each a list of token-id "
+                           "lists ([[[12, 7], [30]], [[25]]])\n")
+    proc = run(["[[[7]]]"])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: --constraints {file}: 1 lines for 2 "
+                                                                   "sentences\n")
+    sampling = tmp_path / "sampling"
+    shutil.copytree(art, sampling)
+    manifest = json.loads((sampling / "manifest.json").read_text())
+    (sampling / "manifest.json").write_text(json.dumps({**manifest, "decoding": {"sampling": True}}))
+    translator, backend = open_translator(sampling, "ort-cpu")
+    with backend, pytest.raises(BadInput, match="not sampling"):
+        translator.decode_ids([[7, 8, 9, 3]], constraints=[Constraints.of([[[7]]])])
+    proc = run(["[]", "[[[7]]]"], sampling)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith("error: a glossary or constraints need beam search or greedy decoding, not "
+                                  "sampling") and proc.stderr.count("\n") == 1

@@ -84,6 +84,14 @@ struct TokenizerSpec {
   std::string detokenize = "sentencepiece";
 };
 
+// A sentence's lexical constraints (a glossary's target terms; Python's decoding.constraints.Constraints): terms[i]
+// is the target token sequences of which any one must appear, contiguous, somewhere in the output (the terms in any
+// order). At most 32 terms, each with at least one sequence of at least one id of the target vocabulary. No terms:
+// the sentence is not constrained (Python's None).
+struct Constraints {
+  std::vector<std::vector<Ids>> terms;
+};
+
 // How to decode. The fields that may be left "not given" (std::nullopt) take the model's decoding defaults
 // (Manifest::decoding, the manifest's "decoding" section), else twostep's defaults (the values noted): Python's
 // with_defaults, where a given value always wins. The ranges are Python's (twostep.runtime.decoding.options.BOUNDS:
@@ -124,6 +132,16 @@ struct DecodeOptions {
   // A multilingual model's languages (Languages); empty: the model's default, if it has one. translate()
   // uses both, decode_ids() and translate_ids() tgt_lang only (for the decoder's forced tokens).
   std::string src_lang, tgt_lang;
+  // Each sentence's lexical constraints, in input order (Python's decode_ids(constraints=)); empty: none, else one
+  // per sentence (those with no terms decode as without). A sentence with terms is decoded by constrained beam
+  // search (Python's search.ConstrainedBeam, whose docstring has the rules): beam max(beam_size, 4) (greedy
+  // options too), n_best as asked, beam_stop "n_best" whatever it says; its limit (max_new_tokens, or the
+  // automatic one) grown by the terms' length, the sum over terms of their longest sequence, capped by
+  // max_positions; eos is not picked (it stays in the softmax) until a hypothesis holds every term; terms
+  // are tracked from the first token after the forced target-language ids. Hypotheses that reach the limit
+  // without every term come after those with all, with Hypothesis::unmet. Bad constraints (too many terms, an
+  // empty term or sequence, an id outside the target vocabulary, a model whose decoding samples) are an Error.
+  std::vector<Constraints> constraints;
 };
 
 // The options a decode runs with: `defaults` (a manifest's decoding section), each overridden by a value `given`
@@ -196,6 +214,9 @@ struct Hypothesis {
   // The piece as the source text had it (Model::encode's sentences; a piece the vocabulary lacks is its own text),
   // else the source vocabulary's piece of the id. Model::decode(Hypothesis) puts them in the text.
   std::vector<std::pair<size_t, std::string>> replacements = {};
+  // DecodeOptions::constraints: the indices of the sentence's terms the hypothesis does not hold (one that reached
+  // the limit without them), ascending; empty: it holds every term (or the sentence has none).
+  std::vector<int> unmet = {};
 };
 
 // A streamed decode's news of one sentence (Model::translate, translate_ids and decode_ids with a StepCallback).
