@@ -23,6 +23,8 @@ from typing import Any
 
 from twostep.errors import BadInput, TooLarge
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, StepSession
+from twostep.runtime.decoding.constraints import Constraints
+from twostep.runtime.decoding.search import ConstrainedBeam
 from twostep.runtime.documents import DocumentPlan
 from twostep.runtime.streaming import Event, Events, TextEvents
 from twostep.runtime.tokenizer import Tokenizer
@@ -64,38 +66,52 @@ class BatchingTranslator:
 
     def submit_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                    tgt_lang: str | None = None, on_tokens: OnTokens | None = None,
-                   on_sentence: OnSentence | None = None) -> Future:
+                   on_sentence: OnSentence | None = None,
+                   constraints: Sequence[Constraints | None] | None = None) -> Future:
         """Queue one request; its future's result is decode_ids'. Cancel the future to drop its rows. Raises
         BadInput for a bad request or one beyond the admission limits (TooLarge for too much work: `admit`),
         and Overloaded when the queue cannot take it now. `on_tokens`, `on_sentence`: BatchingEngine.submit's
-        streaming callbacks, in the worker thread."""
+        streaming callbacks, in the worker thread. `constraints`: each sentence's (None: none; a glossary's terms,
+        Translator.sentence_terms), decoded by constrained beam search at its beam (ConstrainedBeam.rows_of), its
+        limit grown by their length (Translator.limits_with) within the server's; not with sampling."""
         options = self.translator.options if options is None else options
         if not isinstance(options, DecodeOptions):
             raise TypeError(f"options must be DecodeOptions, got {type(options).__name__}")
+        constraints = [None] * len(sources) if constraints is None else list(constraints)
+        if options.sampling and any(c is not None for c in constraints):
+            raise BadInput("a glossary needs beam search or greedy decoding, not sampling")
         self.translator.check_ids(sources)
-        new_tokens = [self.new_tokens(ids, options) for ids in sources]
-        self.admit(options.beam_size, new_tokens)
+        limit = self.engine.limits.new_tokens(self.translator.limits.max_positions)
+        new_tokens = [min(grown, limit) for ids, c in zip(sources, constraints)
+                      for grown in self.translator.limits_with(self.new_tokens(ids, options), [c])]
+        self.admit(options.beam_size, new_tokens,
+                   [ConstrainedBeam.rows_of(options) if c is not None else options.beam_size for c in constraints])
         return self.engine.submit(sources, options, new_tokens, self.translator.prefix(tgt_lang), on_tokens,
-                                  on_sentence)
+                                  on_sentence, constraints)
 
-    def admit(self, beam: int, new_tokens: Sequence[int]) -> None:
+    def admit(self, beam: int, new_tokens: Sequence[int], rows: Sequence[int] | None = None) -> None:
         """Refuse, before it is queued, a request beyond BatchLimits' admission limits: a beam above max_beam
-        or wider than a batch (max_batch_rows), or more work, beam x its sentences' new tokens, than
-        max_request_work (TooLarge). (A max_new_tokens above its limit was refused by new_tokens.)"""
+        or wider than a batch (max_batch_rows), or more work, rows x its sentences' new tokens, than
+        max_request_work (TooLarge). `rows`: each sentence's (default: `beam`; a constrained sentence's is at
+        least ConstrainedBeam's). (A max_new_tokens above its limit was refused by new_tokens.)"""
         limits = self.engine.limits
+        rows = [beam] * len(new_tokens) if rows is None else list(rows)
         if beam > limits.max_beam:
             raise BadInput(f"beam size {beam} is above the limit of {limits.max_beam} (max_beam; twostep serve "
                            "--max-beam): ask for a smaller beam")
-        if beam > limits.max_batch_rows:
-            raise BadInput(f"beam size {beam} takes {beam} rows of one batch, which holds {limits.max_batch_rows} "
-                           f"(max_batch_rows; twostep serve --max-batch-rows; the beam limit max_beam is "
-                           f"{limits.max_beam}): ask for a smaller beam")
-        tokens = sum(new_tokens)
-        if beam * tokens > limits.max_request_work:
-            raise TooLarge(f"the request's work (beam x new tokens, summed over its sentences) is {beam} x {tokens} "
-                           f"= {beam * tokens}, above the limit of {limits.max_request_work} (max_request_work; "
-                           "twostep serve --max-request-work): send fewer sentences, a smaller beam or a lower "
-                           "max_new_tokens")
+        widest = max(rows, default=beam)
+        if widest > limits.max_batch_rows:
+            glossary = f" (a sentence with glossary terms decodes with a beam of at least {widest})" * (widest > beam)
+            raise BadInput(f"beam size {widest} takes {widest} rows of one batch, which holds "
+                           f"{limits.max_batch_rows} (max_batch_rows; twostep serve --max-batch-rows; the beam limit "
+                           f"max_beam is {limits.max_beam}){glossary}: ask for a smaller beam")
+        work = sum(r * t for r, t in zip(rows, new_tokens))
+        if work > limits.max_request_work:
+            counted = (f"{beam} x {sum(new_tokens)} = {work}" if all(r == beam for r in rows) else
+                       f"{work} (a sentence with glossary terms counts a beam of at least {max(rows)})")
+            raise TooLarge(f"the request's work (beam x new tokens, summed over its sentences) is {counted}, above "
+                           f"the limit of {limits.max_request_work} (max_request_work; twostep serve "
+                           "--max-request-work): send fewer sentences, a smaller beam or a lower max_new_tokens")
 
     def new_tokens(self, ids: Sequence[int], options: DecodeOptions) -> int:
         """How far a sentence decodes: the Translator's max_new_tokens (the request's, else 2 x source + 16),
