@@ -201,14 +201,16 @@ class BatchingTranslator:
         return plan.join_nbest(out) if plan else out
 
     def submit_stream(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None,
-                      tgt_lang: str | None, put: Callable[[tuple | None], None]) -> tuple[Future, Events]:
+                      tgt_lang: str | None, put: Callable[[tuple | None], None],
+                      constraints: Sequence[Constraints | None] | None = None) -> tuple[Future, Events]:
         """Queue token ids whose decode reports to `put` (in the worker thread): ("tokens" | "done", index, tokens
-        or hypotheses), then None once the request is answered, failed or cancelled. Raises as submit_ids."""
+        or hypotheses), then None once the request is answered, failed or cancelled. Raises as submit_ids
+        (`constraints`: its)."""
         options = self.translator.options if options is None else options
         events = Events(self.tokenizer, deltas=options.beam_size == 1, joiners=self.joiners)
         future = self.submit_ids(sources, options, tgt_lang,
                                  on_tokens=(lambda i, tokens: put(("tokens", i, tokens))) if events.deltas else None,
-                                 on_sentence=lambda i, hyps: put(("done", i, hyps)))
+                                 on_sentence=lambda i, hyps: put(("done", i, hyps)), constraints=constraints)
         future.add_done_callback(lambda _: put(None))
         return future, events
 
@@ -259,7 +261,8 @@ class BatchingTranslator:
             future.cancel()
 
     def stream_ids_async(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
-                         tgt_lang: str | None = None, texts_done: TextEvents | None = None) -> AsyncIterator[Event]:
+                         tgt_lang: str | None = None, texts_done: TextEvents | None = None,
+                         constraints: Sequence[Constraints | None] | None = None) -> AsyncIterator[Event]:
         """Queue token ids now (raising as submit_ids: a refusal comes before any event) and give their events
         as they decode, to coroutines (the worker hands each report to the event loop: call_soon_threadsafe);
         `texts_done`: TextDone events too. The request is cancelled, its rows leaving the batch, once the
@@ -268,7 +271,8 @@ class BatchingTranslator:
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         future, events = self.submit_stream(sources, options, tgt_lang,
-                                            lambda item: loop.call_soon_threadsafe(items.put_nowait, item))
+                                            lambda item: loop.call_soon_threadsafe(items.put_nowait, item),
+                                            constraints)
 
         async def stream() -> AsyncIterator[Event]:
             try:
