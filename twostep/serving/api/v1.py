@@ -586,7 +586,8 @@ def router(service: Service) -> APIRouter:
     @routes.get("/glossaries/{glossary_id}/entries", response_class=PlainTextResponse, responses={
         200: {"content": {"text/tab-separated-values": {"schema": {"type": "string"}}},
               "description": "The entries, one a line: the source term, a tab, its targets separated by tabs"},
-        **unknown})
+        404: {"description": unknown[404]["description"],  # JSON, not the route's text
+              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}})
     async def glossary_entries(glossary_id: str, request: Request):
         try:
             stored = await asyncio.to_thread(service.glossaries.get, owner(request), glossary_id)
