@@ -29,6 +29,10 @@ freed for the next to join) and its request is answered as soon as its last sent
 whose caller went away (a cancelled future) has its rows freed the same way. A full queue refuses at once
 with `Overloaded`.
 
+A sentence with constraints (a glossary's terms: `submit(..., constraints=)`) decodes with constrained beam search
+(decoding.search.ConstrainedBeam) in a search group of its own kind, taking that search's rows (at least 4) in the
+lane's budgets; the sentences beside it decode as without it.
+
 Each sentence decodes as if alone: its own max_new_tokens (2 x its length + 16, or the request's), sampling
 seeded per sentence, and rows computed without regard to their neighbours, so outputs do not depend on what
 else shares the batch, or on when a sentence joined it.

@@ -4,6 +4,9 @@
                          with "stream": true, server-sent events as the translations decode (`events`)
     GET  /v1/languages   the languages a request may name (one model: its own codes), their standard tags and
                          names, each source's targets (those reached through the pivot marked), the models
+    POST /v1/glossaries, GET /v1/glossaries[/ID[/entries]], DELETE /v1/glossaries/ID
+                         stored glossaries in DeepL's shape (twostep.serving.glossaries), which /v1/translate
+                         uses by `glossary_id` (or a request's own: `glossary`)
 
 A request goes to the model that has its pair, or through the pivot language (twostep.serving.models);
 `src_lang: auto` detects each text's language (the answer's `detected`), its texts then routed by language.
