@@ -540,6 +540,10 @@ def serve_cmd(
                                     "(GET /download_file/NAME) before it is removed (LibreTranslate: 30 minutes)."),
     files_dir: Optional[Path] = typer.Option(None, help="Where translated files wait for their download (default: "
                                              "a temporary folder, removed when the server exits)."),
+    glossaries: Optional[Path] = typer.Option(None, "--glossaries", help="Store glossaries (POST /v1/glossaries) in "
+                                              "this SQLite file, created if absent; without it they are kept in "
+                                              "memory and lost when the server stops (with --ray: each replica its "
+                                              "own)."),
     ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve (pip install 'twostep\\[ray]')."),
     address: Optional[str] = typer.Option(None, help="--ray: join this Ray cluster (ray start --head) instead "
                                           "of starting a local one."),
@@ -555,7 +559,8 @@ def serve_cmd(
 ) -> None:
     """Serve translations over HTTP, one model or many: twostep's API (POST /v1/translate: documents, streams; GET
     /v1/languages), LibreTranslate's (POST /translate, /detect, /translate_file; GET /languages,
-    /frontend/settings, /download_file/NAME, /health, /spec), /healthz, /readyz, /metrics (Prometheus)."""
+    /frontend/settings, /download_file/NAME, /health, /spec), /healthz, /readyz, /metrics (Prometheus); glossaries
+    (POST, GET /v1/glossaries, GET /v1/glossaries/ID[/entries], DELETE /v1/glossaries/ID)."""
     try:
         from twostep.serving.http import ServeConfig, read_api_keys
     except ImportError as exc:
@@ -580,7 +585,8 @@ def serve_cmd(
                          protect_metrics=protect_metrics, pivot=pivot_language, max_loaded=max_loaded,
                          suggestions=str(opened_suggestions(suggestions_db)) if suggestions else None,
                          files_translation=not disable_files_translation, file_size_limit=file_size_limit,
-                         files_ttl_s=files_ttl, files_dir=str(files_dir) if files_dir else None)
+                         files_ttl_s=files_ttl, files_dir=str(files_dir) if files_dir else None,
+                         glossaries=str(opened_glossaries(glossaries)) if glossaries else None)
     if not ray:
         from twostep.serving.http import serve
 
@@ -677,6 +683,14 @@ def check_servable(model_dirs: list[Path], backend: Optional[str], pivot: Option
         reason = backends.unavailable_reason(name)
         if reason:
             raise TwostepError(f"backend {name!r} is not available here: {reason}")
+
+
+def opened_glossaries(path: Path) -> Path:
+    """The glossaries database, created (or checked) before the server starts: a bad path is one line."""
+    from twostep.serving.glossaries import Glossaries
+
+    Glossaries(path).close()
+    return path.resolve()
 
 
 def opened_suggestions(path: Path) -> Path:

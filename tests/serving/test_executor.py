@@ -709,3 +709,50 @@ def test_async_stream_gives_the_same_events_as_the_sync_one(demo, test_sentences
         want = ex.translate(texts)
         text, done, _ = joined(asyncio.run(collect()))
     assert [text.get(i, "") for i in range(5)] == want == [done[i].text for i in range(5)]
+
+
+# -- glossaries: constrained sentences in the running batch ------------------------------------------------
+
+
+def terms_of(ex, texts, *entries):
+    from twostep.runtime.glossary import Entry, Glossary
+
+    return ex.translator.sentence_terms(texts, Glossary([Entry(s, (t,)) for s, t in entries]))
+
+
+@pytest.mark.parametrize("options", [DecodeOptions(), DecodeOptions(beam_size=4, n_best=2)], ids=["greedy", "beam4"])
+def test_a_constrained_sentence_shares_the_batch_and_leaves_the_others_as_alone(demo, sentences, options):
+    """Plain requests decoding beside a sentence with a glossary term (at ConstrainedBeam's beam, its limit grown)
+    get what they get alone, byte for byte; the constrained one holds its term (a wrong one on purpose)."""
+    plain = [[s] for s in sentences[:12]]
+    want = sequential(demo, plain, options)
+    ex, session, metrics = make(demo, max_wait_ms=200)
+    [terms] = terms_of(ex, ["seven thousand and one"], ("seven", "acht"))
+    assert terms is not None
+    with ex:
+        futures = [ex.submit_ids(ex.encode(texts), options) for texts in plain[:6]]
+        termed = ex.submit_ids(ex.encode(["seven thousand and one"]), options, constraints=[terms.constraints])
+        futures += [ex.submit_ids(ex.encode(texts), options) for texts in plain[6:]]
+        got = [ex.translator.nbest_texts(f.result(30)) for f in futures]
+        hyps = termed.result(30)
+    assert [[[t for t, _ in h] for h in r] for r in got] == [[[t for t, _ in h] for h in r] for r in want]
+    assert [s for r in got for h in r for _, s in h] == pytest.approx([s for r in want for h in r for _, s in h],
+                                                                     abs=1e-4)
+    assert "acht" in ex.translator.text(hyps[0][0]) and not hyps[0][0].unmet
+    assert metrics.batches[0][0] + sum(s for s, _ in metrics.joins) == 13
+    assert max(session.rows) >= 12 * options.beam_size + 4, "the constrained sentence did not share a step"
+
+
+def test_a_constrained_sentence_counts_its_real_beam_and_refuses_sampling(demo):
+    ex, _, _ = make(demo)
+    [terms] = terms_of(ex, ["seven"], ("seven", "acht"))
+    ids = ex.encode(["seven"])
+    work = ex.new_tokens(ids[0], DecodeOptions())
+    ex, _, _ = make(demo, max_request_work=3 * work)
+    with ex:
+        ex.decode_ids(ids)  # 1 x work: admitted
+        with pytest.raises(TooLarge, match="a sentence with glossary terms counts a beam of at least 4"):
+            ex.submit_ids(ids, DecodeOptions(), constraints=[terms.constraints])
+        with pytest.raises(BadInput, match="^a glossary needs beam search or greedy decoding, not sampling$"):
+            ex.submit_ids(ids, DecodeOptions(sampling=True), constraints=[terms.constraints])
+        assert ex.engine.queue_depth == 0

@@ -181,3 +181,28 @@ def test_two_artifacts_of_one_pair_are_refused_at_start(pairs, tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "both translate en -> fr" in lines[0] and "serve one of them" in lines[0]
+
+
+def test_a_pivoted_pair_finds_glossary_terms_in_the_source_and_forces_them_into_the_target(many):
+    """de -> fr goes through English: the terms are found in the German text (an English term of the pivot's
+    sentence is not), forced on the leg into French; a stored glossary of another pair is refused."""
+    url, _ = many
+    term = {"source": "Wetter", "targets": ["zebra"]}  # pieces the tiny French vocabulary has
+    pivot_term = {"source": "weather", "targets": ["zebra"]}
+    r = post(url, {"text": GERMAN[:1], "src_lang": "de", "tgt_lang": "fr", "glossary": [term, pivot_term]})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert "zebra" in got["translations"][0][0]["text"], got
+    assert got["applied_terms"] == [[term]] and got["unmet_terms"] == [[]]
+    made = httpx.post(f"{url}/v1/glossaries", timeout=30, json={"name": "g", "source_lang": "de", "target_lang": "fra",
+                                                                 "entries": "Wetter\tzebra\n"})
+    assert made.status_code == 201 and made.json()["target_lang"] == "fr", made.text  # a standard tag
+    gid = made.json()["glossary_id"]
+    assert "zebra" in post(url, {"text": GERMAN[:1], "src_lang": "de", "tgt_lang": "fr-FR",
+                                 "glossary_id": gid}).json()["translations"][0][0]["text"]
+    other = post(url, {"text": GERMAN[:1], "src_lang": "de", "tgt_lang": "en", "glossary_id": gid})
+    assert (other.status_code, other.json()) == (400, {"error": f"glossary {gid} is for de->fr; this request "
+                                                                "translates de->en"})
+    unknown = httpx.post(f"{url}/v1/glossaries", timeout=30, json={"name": "g", "source_lang": "de", "target_lang":
+                                                                    "zz", "entries": "Wetter\tzebra\n"})
+    assert unknown.status_code == 400 and "unknown target language 'zz'" in unknown.json()["error"], unknown.text

@@ -97,10 +97,12 @@ def test_the_document_states_the_servers_ranges_bodies_and_errors(documented, de
 def test_schemathesis_finds_no_server_error_and_no_validation_mismatch(documented, tmp_path):
     url, proc = documented
     config = tmp_path / "schemathesis.toml"  # named, so that none above the working directory is read
-    # files: random bytes are no file of the format their random name says, and a random name no file the server
-    # made; their answers are still checked, the warnings that they refuse such data are not
+    # files: random bytes are no file of the format their random name says, and a random name (or glossary id) no
+    # file (glossary) the server made; their answers are still checked, the warnings that they refuse such data are
+    # not
     config.write_text('[cache]\nenabled = false\n\n[warnings]\nfail-on = ["validation_mismatch"]\n\n'
-                      '[[operations]]\ninclude-path = ["/translate_file", "/download_file/{name}"]\nwarnings = false\n')
+                      '[[operations]]\ninclude-path = ["/translate_file", "/download_file/{name}", '
+                      '"/v1/glossaries/{glossary_id}", "/v1/glossaries/{glossary_id}/entries"]\nwarnings = false\n')
     report = tmp_path / "report.json"
     command = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "--no-color", "run",
                f"{url}/openapi.json", "--url", url, "--seed", str(SEED), "--max-examples", str(EXAMPLES),

@@ -35,11 +35,13 @@ class Delta:
 @dataclass(frozen=True)
 class SentenceDone:
     """Sentence `sentence` is done: its best text (what translate() gives; its deltas concatenated) and its
-    n-best hypotheses, (text, score) as translate_nbest() gives them."""
+    n-best hypotheses, (text, score) as translate_nbest() gives them; `unmet`: the constraint terms its best
+    misses (Hypothesis.unmet)."""
 
     sentence: int
     text: str
     hypotheses: tuple[tuple[str, float], ...]
+    unmet: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,4 +142,4 @@ class Events:
             text = self.texts.pop(sentence, None) or TextDeltas(self.tokenizer, self.joiners)
             rest = text.finish(hypotheses[0].tokens if hypotheses else [])
             events += [Delta(sentence, rest)] if rest else []
-        return [*events, SentenceDone(sentence, best, nbest)]
+        return [*events, SentenceDone(sentence, best, nbest, tuple(hypotheses[0].unmet) if hypotheses else ())]

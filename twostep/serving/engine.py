@@ -29,6 +29,10 @@ freed for the next to join) and its request is answered as soon as its last sent
 whose caller went away (a cancelled future) has its rows freed the same way. A full queue refuses at once
 with `Overloaded`.
 
+A sentence with constraints (a glossary's terms: `submit(..., constraints=)`) decodes with constrained beam search
+(decoding.search.ConstrainedBeam) in a search group of its own kind, taking that search's rows (at least 4) in the
+lane's budgets; the sentences beside it decode as without it.
+
 Each sentence decodes as if alone: its own max_new_tokens (2 x its length + 16, or the request's), sampling
 seeded per sentence, and rows computed without regard to their neighbours, so outputs do not depend on what
 else shares the batch, or on when a sentence joined it.
@@ -53,6 +57,8 @@ from dataclasses import dataclass, field, replace
 
 from twostep.errors import BadInput, Overloaded, TwostepError
 from twostep.runtime.decoding import DecodeOptions, Entry, Hypothesis, RunningBatch, Specials, StepSession
+from twostep.runtime.decoding.constraints import Constraints
+from twostep.runtime.decoding.search import ConstrainedBeam
 from twostep.serving.limits import BatchLimits
 
 log = logging.getLogger("twostep.serving")
@@ -99,6 +105,7 @@ class Request:
     prefix: tuple[int, ...] = ()  # forced after the decoder's start: the target language's token
     on_tokens: OnTokens | None = None
     on_sentence: OnSentence | None = None
+    constraints: list[Constraints | None] | None = None  # each sentence's (a glossary's terms); None: none
     future: Future = field(default_factory=Future)
     results: list = field(init=False)
     remaining: int = field(init=False)
@@ -120,8 +127,13 @@ class Sentence:
     reported: bool = False  # tokens of it went to its request's on_tokens (in this decode or an earlier one)
 
     @property
-    def rows(self) -> int:
-        return self.request.options.beam_size
+    def constraints(self) -> Constraints | None:
+        return self.request.constraints[self.index] if self.request.constraints else None
+
+    @property
+    def rows(self) -> int:  # a constrained sentence decodes with ConstrainedBeam's beam, at least 4
+        options = self.request.options
+        return options.beam_size if self.constraints is None else ConstrainedBeam.rows_of(options)
 
     @property
     def cost(self) -> int:  # source tokens x beam: what a batch's cross K/V holds
@@ -214,7 +226,8 @@ class BatchingEngine:
 
     def submit(self, sources: Sequence[Sequence[int]], options: DecodeOptions,
                max_new_tokens: Sequence[int], prefix: Sequence[int] = (), on_tokens: OnTokens | None = None,
-               on_sentence: OnSentence | None = None) -> Future:
+               on_sentence: OnSentence | None = None,
+               constraints: Sequence[Constraints | None] | None = None) -> Future:
         """Queue one request of checked sentences; its future's result is their n-best hypotheses, in order.
         `max_new_tokens`: how far each sentence decodes (checked by the caller); `prefix`: tokens
         forced after the decoder's start (Entry.prefix: requests to different target languages share batches).
@@ -224,12 +237,21 @@ class BatchingEngine:
         Streaming: `on_tokens(index, tokens so far)` after each step of a sentence decoding with greedy search or
         sampling (forced tokens and eos left out), `on_sentence(index, hypotheses)` once a sentence is done,
         before the future's result. Both run in the worker thread: keep them short (put on a queue). One that
-        raises fails its request with that exception (its rows leave the batch), and no other."""
+        raises fails its request with that exception (its rows leave the batch), and no other.
+
+        `constraints`: each sentence's (None: none), decoded by constrained beam search (Entry.constraints); not
+        with sampling (BadInput)."""
+        if constraints is not None and len(constraints) != len(sources):
+            raise ValueError(f"{len(constraints)} constraints for {len(sources)} sentences")
+        if constraints is not None and not any(c is not None for c in constraints):
+            constraints = None
+        if constraints is not None and options.sampling:
+            raise BadInput("a glossary needs beam search or greedy decoding, not sampling")
         if len(sources) > self.limits.max_queue:
             raise BadInput(f"a request of {len(sources)} sentences cannot be queued: at most {self.limits.max_queue} "
                            "sentences wait at once; send fewer per request")
         request = Request([list(map(int, s)) for s in sources], options, tuple(map(int, prefix)), on_tokens,
-                          on_sentence)
+                          on_sentence, list(constraints) if constraints is not None else None)
         if not sources:
             request.future.set_result([])
             return request.future
@@ -383,7 +405,8 @@ class BatchingEngine:
         running = batch.sentences
         try:
             self.answer_all(batch.add([Entry(x.ids, x.request.key, x.limit, x, prefix=x.request.prefix,
-                                             stream=x.request.on_tokens is not None, alone=x.alone)
+                                             stream=x.request.on_tokens is not None, alone=x.alone,
+                                             constraints=x.constraints)
                                        for x in joining]))
         except TwostepError as exc:  # refused before the batch changed (an engine profile's limit)
             if len(joining) == 1:

@@ -23,6 +23,8 @@ from typing import Any
 
 from twostep.errors import BadInput, TooLarge
 from twostep.runtime.decoding import DecodeOptions, Hypothesis, StepSession
+from twostep.runtime.decoding.constraints import Constraints
+from twostep.runtime.decoding.search import ConstrainedBeam
 from twostep.runtime.documents import DocumentPlan
 from twostep.runtime.streaming import Event, Events, TextEvents
 from twostep.runtime.tokenizer import Tokenizer
@@ -64,38 +66,52 @@ class BatchingTranslator:
 
     def submit_ids(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
                    tgt_lang: str | None = None, on_tokens: OnTokens | None = None,
-                   on_sentence: OnSentence | None = None) -> Future:
+                   on_sentence: OnSentence | None = None,
+                   constraints: Sequence[Constraints | None] | None = None) -> Future:
         """Queue one request; its future's result is decode_ids'. Cancel the future to drop its rows. Raises
         BadInput for a bad request or one beyond the admission limits (TooLarge for too much work: `admit`),
         and Overloaded when the queue cannot take it now. `on_tokens`, `on_sentence`: BatchingEngine.submit's
-        streaming callbacks, in the worker thread."""
+        streaming callbacks, in the worker thread. `constraints`: each sentence's (None: none; a glossary's terms,
+        Translator.sentence_terms), decoded by constrained beam search at its beam (ConstrainedBeam.rows_of), its
+        limit grown by their length (Translator.limits_with) within the server's; not with sampling."""
         options = self.translator.options if options is None else options
         if not isinstance(options, DecodeOptions):
             raise TypeError(f"options must be DecodeOptions, got {type(options).__name__}")
+        constraints = [None] * len(sources) if constraints is None else list(constraints)
+        if options.sampling and any(c is not None for c in constraints):
+            raise BadInput("a glossary needs beam search or greedy decoding, not sampling")
         self.translator.check_ids(sources)
-        new_tokens = [self.new_tokens(ids, options) for ids in sources]
-        self.admit(options.beam_size, new_tokens)
+        limit = self.engine.limits.new_tokens(self.translator.limits.max_positions)
+        new_tokens = [min(grown, limit) for ids, c in zip(sources, constraints)
+                      for grown in self.translator.limits_with(self.new_tokens(ids, options), [c])]
+        self.admit(options.beam_size, new_tokens,
+                   [ConstrainedBeam.rows_of(options) if c is not None else options.beam_size for c in constraints])
         return self.engine.submit(sources, options, new_tokens, self.translator.prefix(tgt_lang), on_tokens,
-                                  on_sentence)
+                                  on_sentence, constraints)
 
-    def admit(self, beam: int, new_tokens: Sequence[int]) -> None:
+    def admit(self, beam: int, new_tokens: Sequence[int], rows: Sequence[int] | None = None) -> None:
         """Refuse, before it is queued, a request beyond BatchLimits' admission limits: a beam above max_beam
-        or wider than a batch (max_batch_rows), or more work, beam x its sentences' new tokens, than
-        max_request_work (TooLarge). (A max_new_tokens above its limit was refused by new_tokens.)"""
+        or wider than a batch (max_batch_rows), or more work, rows x its sentences' new tokens, than
+        max_request_work (TooLarge). `rows`: each sentence's (default: `beam`; a constrained sentence's is at
+        least ConstrainedBeam's). (A max_new_tokens above its limit was refused by new_tokens.)"""
         limits = self.engine.limits
+        rows = [beam] * len(new_tokens) if rows is None else list(rows)
         if beam > limits.max_beam:
             raise BadInput(f"beam size {beam} is above the limit of {limits.max_beam} (max_beam; twostep serve "
                            "--max-beam): ask for a smaller beam")
-        if beam > limits.max_batch_rows:
-            raise BadInput(f"beam size {beam} takes {beam} rows of one batch, which holds {limits.max_batch_rows} "
-                           f"(max_batch_rows; twostep serve --max-batch-rows; the beam limit max_beam is "
-                           f"{limits.max_beam}): ask for a smaller beam")
-        tokens = sum(new_tokens)
-        if beam * tokens > limits.max_request_work:
-            raise TooLarge(f"the request's work (beam x new tokens, summed over its sentences) is {beam} x {tokens} "
-                           f"= {beam * tokens}, above the limit of {limits.max_request_work} (max_request_work; "
-                           "twostep serve --max-request-work): send fewer sentences, a smaller beam or a lower "
-                           "max_new_tokens")
+        widest = max(rows, default=beam)
+        if widest > limits.max_batch_rows:
+            glossary = f" (a sentence with glossary terms decodes with a beam of at least {widest})" * (widest > beam)
+            raise BadInput(f"beam size {widest} takes {widest} rows of one batch, which holds "
+                           f"{limits.max_batch_rows} (max_batch_rows; twostep serve --max-batch-rows; the beam limit "
+                           f"max_beam is {limits.max_beam}){glossary}: ask for a smaller beam")
+        work = sum(r * t for r, t in zip(rows, new_tokens))
+        if work > limits.max_request_work:
+            counted = (f"{beam} x {sum(new_tokens)} = {work}" if all(r == beam for r in rows) else
+                       f"{work} (a sentence with glossary terms counts a beam of at least {max(rows)})")
+            raise TooLarge(f"the request's work (beam x new tokens, summed over its sentences) is {counted}, above "
+                           f"the limit of {limits.max_request_work} (max_request_work; twostep serve "
+                           "--max-request-work): send fewer sentences, a smaller beam or a lower max_new_tokens")
 
     def new_tokens(self, ids: Sequence[int], options: DecodeOptions) -> int:
         """How far a sentence decodes: the Translator's max_new_tokens (the request's, else 2 x source + 16),
@@ -185,14 +201,16 @@ class BatchingTranslator:
         return plan.join_nbest(out) if plan else out
 
     def submit_stream(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None,
-                      tgt_lang: str | None, put: Callable[[tuple | None], None]) -> tuple[Future, Events]:
+                      tgt_lang: str | None, put: Callable[[tuple | None], None],
+                      constraints: Sequence[Constraints | None] | None = None) -> tuple[Future, Events]:
         """Queue token ids whose decode reports to `put` (in the worker thread): ("tokens" | "done", index, tokens
-        or hypotheses), then None once the request is answered, failed or cancelled. Raises as submit_ids."""
+        or hypotheses), then None once the request is answered, failed or cancelled. Raises as submit_ids
+        (`constraints`: its)."""
         options = self.translator.options if options is None else options
         events = Events(self.tokenizer, deltas=options.beam_size == 1, joiners=self.joiners)
         future = self.submit_ids(sources, options, tgt_lang,
                                  on_tokens=(lambda i, tokens: put(("tokens", i, tokens))) if events.deltas else None,
-                                 on_sentence=lambda i, hyps: put(("done", i, hyps)))
+                                 on_sentence=lambda i, hyps: put(("done", i, hyps)), constraints=constraints)
         future.add_done_callback(lambda _: put(None))
         return future, events
 
@@ -243,7 +261,8 @@ class BatchingTranslator:
             future.cancel()
 
     def stream_ids_async(self, sources: Sequence[Sequence[int]], options: DecodeOptions | None = None,
-                         tgt_lang: str | None = None, texts_done: TextEvents | None = None) -> AsyncIterator[Event]:
+                         tgt_lang: str | None = None, texts_done: TextEvents | None = None,
+                         constraints: Sequence[Constraints | None] | None = None) -> AsyncIterator[Event]:
         """Queue token ids now (raising as submit_ids: a refusal comes before any event) and give their events
         as they decode, to coroutines (the worker hands each report to the event loop: call_soon_threadsafe);
         `texts_done`: TextDone events too. The request is cancelled, its rows leaving the batch, once the
@@ -252,7 +271,8 @@ class BatchingTranslator:
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         future, events = self.submit_stream(sources, options, tgt_lang,
-                                            lambda item: loop.call_soon_threadsafe(items.put_nowait, item))
+                                            lambda item: loop.call_soon_threadsafe(items.put_nowait, item),
+                                            constraints)
 
         async def stream() -> AsyncIterator[Event]:
             try:

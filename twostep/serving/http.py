@@ -38,6 +38,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import disable_created_metrics
 from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 from uvicorn.config import STARTUP_FAILURE
 
 from twostep.serving.api import libretranslate, ops, v1
@@ -81,8 +82,15 @@ def build_app(config: ServeConfig, loader: Optional[Loader] = None) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         """Starlette's own refusals (no such path, a method the path does not take, a malformed form) in the
-        APIs' shape, {"error": ...}, with their headers (405's Allow)."""
-        return error(exc.status_code, refusal(request, exc), **(exc.headers or {}))
+        APIs' shape, {"error": ...}, with their headers (405's Allow: every method the API document gives the
+        path, where Starlette names its first route's only)."""
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            methods = {method.upper() for template, operations in app.openapi()["paths"].items()
+                       if compile_path(template)[0].match(request.url.path) for method in operations}
+            headers["Allow"] = ", ".join(sorted(methods)) or headers.get("Allow", "")
+        return error(exc.status_code, refusal(request, exc.status_code, exc.detail, headers.get("Allow")),
+                     **headers)
 
     app.openapi = api_document(app, service)
 
@@ -140,15 +148,14 @@ def api_document(app: FastAPI, service: Service) -> Callable[[], dict]:
     return openapi
 
 
-def refusal(request: Request, exc: HTTPException) -> str:
+def refusal(request: Request, status: int, detail, allowed: str | None) -> str:
     """The message of one of Starlette's refusals: what was asked, and what the server takes instead."""
     what = f"{request.method} {request.url.path}"
-    if exc.status_code == 404:
+    if status == 404:
         return f"not found: {what}; this server's paths are listed at /openapi.json (and /docs)"
-    if exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "")
+    if status == 405:
         return f"method not allowed: {what}; the path takes {allowed or 'other methods'}"
-    return str(exc.detail)
+    return str(detail)
 
 
 class DrainingServer(uvicorn.Server):

@@ -28,8 +28,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
 from twostep.runtime.decoding import DecodeOptions, Hypothesis
 from twostep.runtime.documents import DocumentPlan
+from twostep.runtime.glossary import Entry, Found, Glossary, Terms
 from twostep.serving.engine import Faulted, Metrics
 from twostep.serving.executor import BatchingTranslator, batching_advice, open_batching_translator
+from twostep.serving.glossaries import Glossaries, Stored
 from twostep.serving.keys import KeyDatabase, KeyLimits, key_digest, known_key
 from twostep.serving.limits import BatchLimits
 from twostep.serving.models import Catalog, Loader, Model, Pool, Route
@@ -62,6 +64,7 @@ class ServeConfig:
     file_size_limit: int = 10 * 1024 * 1024  # bytes of one uploaded file; beyond it 413
     files_ttl_s: float = 1800.0  # how long a translated file waits for its download (LibreTranslate's 30 minutes)
     files_dir: Optional[str] = None  # where translated files wait; None: a temporary folder, removed at exit
+    glossaries: Optional[str] = None  # stored glossaries' SQLite file (twostep.serving.glossaries); None: in memory
 
     def __post_init__(self):
         if self.protect_metrics and not self.keyed:
@@ -183,11 +186,28 @@ class PrometheusMetrics(Metrics):
 @dataclass
 class Translated:
     """A request's texts translated along one route: the plan that joins their sentences back into texts, and
-    each sentence's hypotheses (the last leg's, best first) with their texts."""
+    each sentence's hypotheses (the last leg's, best first) with their texts; with a glossary, each sentence's
+    terms (None: none found)."""
 
     plan: DocumentPlan
     results: list[list[Hypothesis]]
     ranked: list[list[str]]
+    terms: Optional[list[Optional[Terms]]] = None
+
+    def text_terms(self) -> list[dict[str, list[dict]]]:
+        """Each text's glossary terms that its translation holds (`applied_terms`) and those it does not
+        (`unmet_terms`: its sentence reached its limit first, or no tokenization of the target could be forced),
+        in the order they occur, each {"source", "targets"}: as `twostep translate --glossary --json` reports."""
+        terms = self.terms or [None] * len(self.results)
+        outcomes = [t.outcome(h[0].unmet if h else ()) if t is not None else ([], [])
+                    for t, h in zip(terms, self.results)]
+        return [{"applied_terms": [term_json(f) for applied, _ in mine for f in applied],
+                 "unmet_terms": [term_json(f) for _, unmet in mine for f in unmet]}
+                for mine in self.plan.parts(outcomes)]
+
+
+def term_json(found: Found) -> dict:
+    return {"source": found.entry.source, "targets": list(found.entry.targets)}
 
 
 Options = Callable[[BatchingTranslator, bool], DecodeOptions]  # (a leg's translator, whether it is the last leg)
@@ -207,6 +227,7 @@ class Service:
         self.pool: Pool | None = None
         self.detector = None  # opened on the first request that asks for detection
         self.keys: KeyDatabase | None = None  # config.api_key_db, opened by lifespan
+        self.glossaries: Glossaries | None = None  # config.glossaries (or in memory), opened by lifespan
         self.limiter = None  # the requests a minute of each client (`admit`), made by lifespan where there are any
         self.ready = False
         self.draining = False
@@ -230,6 +251,7 @@ class Service:
         self.catalog, self.pool = catalog, pool  # the loader's too
         if config.api_key_db:
             self.keys = KeyDatabase(config.api_key_db)
+        self.glossaries = Glossaries(config.glossaries)
         if config.api_key_db or config.req_limit:
             from limits.storage import MemoryStorage
             from limits.strategies import MovingWindowRateLimiter
@@ -248,6 +270,7 @@ class Service:
             await pool.close()  # queued and running sentences finish first
             if self.keys is not None:
                 self.keys.close()
+            self.glossaries.close()
             log.info("stopped")
 
     @property
@@ -293,6 +316,22 @@ class Service:
                 raise RateLimited(str(item), max(1, math.ceil(reset - time.time())))
         return own.char_limit or self.config.max_chars
 
+    def owner(self, key: bytes | None) -> bytes:
+        """Whose glossaries a request sees: its key's (its digest) where the server has keys; b"" on an open
+        server."""
+        return key_digest(key) if key is not None and self.config.keyed else b""
+
+    def glossary(self, key: bytes | None, entries: Sequence[Entry] | None,
+                 glossary_id: str | None) -> tuple[Glossary | None, Stored | None]:
+        """A translation request's glossary: its own `entries`, or its key's stored one (`glossary_id`), not both;
+        (None, None) for neither. BadInput for a glossary that is not one (Glossary's checks), or an unknown id."""
+        if entries is not None and glossary_id is not None:
+            raise BadInput("give a glossary's entries (glossary) or a stored one's id (glossary_id), not both")
+        if glossary_id is not None:
+            stored = self.glossaries.get(self.owner(key), glossary_id)
+            return stored.glossary(), stored
+        return (Glossary(entries), None) if entries is not None else (None, None)
+
     def check_size(self, texts: Sequence, unit: str = "characters", limit: int | None = None) -> None:
         """A request's size against `limit` (None: max_chars): characters of all its texts, or token ids;
         OverLimit beyond."""
@@ -328,38 +367,51 @@ class Service:
         return sources, plan
 
     def submit(self, translator: BatchingTranslator, sources: Sequence[Sequence[int]], options: DecodeOptions,
-               tgt_lang: str | None = None) -> Future:
-        """Queue checked token ids (BatchingTranslator.submit_ids): BadInput, TooLarge or Overloaded else."""
+               tgt_lang: str | None = None, constraints: Sequence | None = None) -> Future:
+        """Queue checked token ids (BatchingTranslator.submit_ids, `constraints` each sentence's): BadInput,
+        TooLarge or Overloaded else."""
         self.check_sentences(len(sources))
-        return translator.submit_ids(sources, options, tgt_lang)
+        return translator.submit_ids(sources, options, tgt_lang, constraints=constraints)
 
     async def translate(self, texts: Sequence[str], route: Route, options: Options, split: bool = True,
-                        request=None, max_chars: int | None = None) -> Translated | None:
+                        request=None, max_chars: int | None = None,
+                        glossary: Glossary | None = None) -> Translated | None:
         """`texts` translated along `route`: its first leg's sentences (each text a document with `split`) are
         queued in that model's running batches; a pivot's second leg takes each sentence's best translation as
         one sentence of its own. `options(translator, last)`: how each leg decodes. None once the client (the
         Starlette `request`, if given) has gone away: its rows were dropped. Raises what a leg is refused or
-        fails with. `max_chars`: the client's (`admit`); None: the server's."""
+        fails with. `max_chars`: the client's (`admit`); None: the server's.
+
+        `glossary`: its terms are found in the first leg's source sentences and enforced on the last leg (into
+        the target language), in the last model's target tokenization (Translator.sentence_terms); a sentence
+        without a term decodes as without it. Not with sampling (BadInput)."""
         if not route.legs:  # one language: the texts as they came
             self.check_size(texts, limit=max_chars)
             return Translated(DocumentPlan.sentences_of(texts), [[Hypothesis([], 0.0)] for _ in texts],
                               [[t] for t in texts])
-        plan, current, results, ranked = None, list(texts), [], []
+        plan, current, results, ranked, terms = None, list(texts), [], [], None
         for i, leg in enumerate(route.legs):
             async with self.pool.use(leg.model) as translator:
-                opts = options(translator, i == len(route.legs) - 1)
+                last = i == len(route.legs) - 1
+                opts = options(translator, last)
                 if plan is None:
                     sources, plan = self.encode(translator, current, leg.source, leg.target, split, max_chars)
                 else:
                     sources = translator.encode(current, leg.source, leg.target)
-                future = asyncio.wrap_future(self.submit(translator, sources, opts, leg.target))
+                constraints = None
+                if glossary is not None and last:
+                    if opts.sampling:
+                        raise BadInput("a glossary needs beam search or greedy decoding, not sampling")
+                    terms = translator.translator.sentence_terms(plan.sentences, glossary)
+                    constraints = [t.constraints if t is not None else None for t in terms]
+                future = asyncio.wrap_future(self.submit(translator, sources, opts, leg.target, constraints))
                 results = await (until_disconnected(future, request) if request is not None else future)
                 if results is None:
                     return None
                 results = await translator.replace_unknowns_async(sources, results, opts, leg.target)
                 ranked = [[translator.translator.text(h) for h in hyps] for hyps in results]
                 current = [r[0] if r else "" for r in ranked]
-        return Translated(plan, results, ranked)
+        return Translated(plan, results, ranked, terms)
 
     async def detect(self, texts: Sequence[str],
                      languages: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:

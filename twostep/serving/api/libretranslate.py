@@ -46,10 +46,12 @@ from starlette.datastructures import UploadFile
 
 from twostep.errors import BadInput, Overloaded, TooLarge, TwostepError
 from twostep.runtime import files
+from twostep.runtime.glossary import Entry, Glossary, parse_entries
 from twostep.runtime.markup import parse_html
 from twostep.serving.api import refusals
 from twostep.serving.downloads import NAME, Downloads, download_name
 from twostep.serving.engine import Faulted
+from twostep.serving.glossaries import check_pair, pair_of
 from twostep.serving.keys import KeyLimits
 from twostep.serving.middleware import bearer_key
 from twostep.serving.models import Catalog, Route, Unsupported, described
@@ -159,6 +161,28 @@ def routed(catalog: Catalog, source: str, target: str) -> Route:
         raise Unsupported(f"{source if exc.side == 'source' else target} is not supported") from None
 
 
+def glossary_entries(body: dict) -> list[Entry] | None:
+    """twostep's `glossary` field: TSV (a form's fields are text: one entry a line, a source term, a tab, its
+    target), or in a JSON body also a list of {"source", "targets"} as /v1/translate takes it; with
+    `glossary_ignore_case` (true or false) its terms are found whatever their case. None: not given."""
+    given = body.get("glossary")
+    if given is None or given == "":
+        return None
+    ignore_case = body.get("glossary_ignore_case", False)
+    if isinstance(ignore_case, str) and ignore_case.strip().lower() in ("true", "false", "1", "0", ""):
+        ignore_case = ignore_case.strip().lower() in ("true", "1")
+    if not isinstance(ignore_case, bool):
+        raise BadInput("Invalid request: glossary_ignore_case must be true or false")
+    if isinstance(given, str):
+        return parse_entries(given, "tsv", ignore_case)
+    if isinstance(given, list) and all(
+            isinstance(e, dict) and set(e) == {"source", "targets"} and isinstance(e["source"], str)
+            and isinstance(e["targets"], list) and all(isinstance(t, str) for t in e["targets"]) for e in given):
+        return [Entry(e["source"], tuple(e["targets"]), ignore_case) for e in given]
+    raise BadInput('Invalid request: glossary must be TSV text (a source term, a tab, its target; one a line) or '
+                   'a list of {"source": text, "targets": [text, ...]}')
+
+
 def translatable(text: str) -> bool:
     """Whether a text has anything to translate: a letter or a digit (not only emoji, punctuation, spaces)."""
     return any(ch.isalnum() for ch in text)
@@ -215,6 +239,18 @@ def alternatives_limit(config: ServeConfig) -> tuple[int, str]:
                       f"is {beam}: twostep serve --max-beam and --max-batch-rows)")
 
 
+TERMS = {"type": "array", "items": {"type": "object", "required": ["source", "targets"], "properties": {
+    "source": {"type": "string"}, "targets": {"type": "array", "items": {"type": "string"}}}}}
+GLOSSARY_FIELDS = {  # twostep's own (LibreTranslate has none): a request's glossary, or a stored one's id
+    "glossary": {"anyOf": [{"type": "string"}, TERMS], "description": "twostep's: a glossary, as TSV (one entry a "
+                 "line: a source term, a tab, its target; further fields further targets) or, in a JSON body, a "
+                 "list of {source, targets}. The answer then has applied_terms and unmet_terms."},
+    "glossary_id": {"type": "string", "description": "twostep's: a stored glossary (POST /v1/glossaries) of "
+                    "the request's language pair, instead of glossary."},
+    "glossary_ignore_case": {"type": "boolean", "default": False, "description": "twostep's: find the glossary's "
+                             "terms whatever their case."}}
+
+
 def request_bodies(config: ServeConfig) -> tuple[dict, dict, dict]:
     """The request bodies of /translate, /detect and /suggest: a JSON object, or a form (urlencoded or multipart),
     whose q is one text (a form's only kind) or a list (not /suggest's); the size limits are the server's (its
@@ -239,7 +275,7 @@ def request_bodies(config: ServeConfig) -> tuple[dict, dict, dict]:
                  "alternatives": {"type": "integer", "minimum": 0, "maximum": alternatives_limit(config)[0],
                                   "default": 0, "description": "How many other translations to answer (none for "
                                   "html)."},
-                 "api_key": api_key}
+                 "api_key": api_key, **GLOSSARY_FIELDS}
     detect = {"q": q(None), "api_key": api_key}
     tag = {"type": "string", "pattern": r"^\s*[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8})*\s*$", "description": "A language "
            "code, stored lower-cased."}
@@ -248,7 +284,8 @@ def request_bodies(config: ServeConfig) -> tuple[dict, dict, dict]:
         "source": tag, "target": tag}
 
     def body(fields: dict, required: list[str]) -> dict:
-        form = {"type": "object", "properties": {**fields, "q": fields["q"].get("anyOf", [fields["q"]])[0]},
+        form = {"type": "object", "properties": {**fields, **{name: fields[name].get("anyOf", [fields[name]])[0]
+                                                              for name in ("q", "glossary") if name in fields}},
                 "required": required}
         return {"required": True, "content": {
             "application/json": {"schema": {"type": "object", "properties": fields, "required": required}},
@@ -412,36 +449,52 @@ def router(service: Service) -> APIRouter:
             "translatedText": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
             "alternatives": {"type": "array", "items": {"anyOf": [{"type": "string"},
                                                                   {"type": "array", "items": {"type": "string"}}]}},
-            "detectedLanguage": {"anyOf": [DETECTED, {"type": "array", "items": DETECTED}]}}}, refused))
+            "detectedLanguage": {"anyOf": [DETECTED, {"type": "array", "items": DETECTED}]},
+            **{name: {"anyOf": [TERMS, {"type": "array", "items": TERMS}], "description": f"twostep's, with a "
+                      f"glossary: the terms found in the text {what} (for a list of texts, a list per text)"}
+               for name, what in (("applied_terms", "that its translation holds"),
+                                  ("unmet_terms", "that its translation does not hold"))}}}, refused))
     async def translate(request: Request):
         try:
             body = await fields(request)
             q = body.get("q")
-            chars = admitted(service, request, body, cost=max(1, len(q)) if isinstance(q, list) else 1)
+            key, limits = check_key(service, request, body)
+            chars = service.admit(request.scope, key, limits, cost=max(1, len(q)) if isinstance(q, list) else 1)
             ask = Ask.of(body, most_alternatives, why)
             service.check_batch(ask.texts)  # LibreTranslate's order: the texts, then their characters
             service.check_size(ask.texts, limit=chars)
+            glossary_id = body.get("glossary_id") or None
+            if glossary_id is not None and not isinstance(glossary_id, str):
+                raise BadInput("Invalid request: glossary_id must be a text")
+            glossary, stored = service.glossary(key, glossary_entries(body), glossary_id)
             groups, detected = await plan(ask)
+            for route, _ in groups if stored is not None else ():
+                check_pair(stored.id, (stored.source_lang, stored.target_lang), pair_of(route, ask.source, ask.target))
         except KeyRefused as exc:
             return error(exc.status, str(exc))
         except TwostepError as exc:
             return REFUSED.response(service, exc)
         out: list = list(ask.texts)  # a text with nothing to translate stays as it came
         alternatives: list[list[str]] = [[] for _ in ask.texts]
+        terms = [{"applied_terms": [], "unmet_terms": []} for _ in ask.texts]
         try:
-            done = await asyncio.gather(*(translated(ask, route, where, request, chars) for route, where in groups))
+            done = await asyncio.gather(*(translated(ask, route, where, request, chars, glossary)
+                                          for route, where in groups))
         except FAILED as exc:  # refused (an over-long sentence, the queue), or failed while decoding
             return REFUSED.response(service, exc)
         for (_, where), answers in zip(groups, done):
             if answers is None:  # the client went away; its rows were dropped
                 return Response(status_code=499)
-            for i, (text, others) in zip(where, answers):
-                out[i], alternatives[i] = text, others
+            for i, (text, others, text_terms) in zip(where, answers):
+                out[i], alternatives[i], terms[i] = text, others, text_terms
         answer = {"translatedText": out[0] if ask.one else out}
         if ask.alternatives:
             answer["alternatives"] = alternatives[0] if ask.one else alternatives
         if detected is not None:
             answer["detectedLanguage"] = detected[0] if ask.one else detected
+        if glossary is not None:  # twostep's own keys, which LibreTranslate's clients ignore
+            for name in ("applied_terms", "unmet_terms"):
+                answer[name] = terms[0][name] if ask.one else [t[name] for t in terms]
         return JSONResponse(answer)
 
     async def plan(ask: Ask) -> tuple[list[tuple[Route, list[int]]], list[dict] | None]:
@@ -461,9 +514,10 @@ def router(service: Service) -> APIRouter:
         return [(routed(catalog, tag, ask.target), [todo[j] for j in where])
                 for tag, where in by_source.items()], detected
 
-    async def translated(ask: Ask, route: Route, where: list[int], request: Request, chars: int) -> list | None:
-        """The translation and alternatives of each text of `where` along `route` (None: the client went away);
-        `chars`: the characters the client's request may hold."""
+    async def translated(ask: Ask, route: Route, where: list[int], request: Request, chars: int,
+                         glossary: Glossary | None = None) -> list | None:
+        """The translation, alternatives and glossary terms (Translated.text_terms) of each text of `where` along
+        `route` (None: the client went away); `chars`: the characters the client's request may hold."""
         texts = [ask.texts[i] for i in where]
         fragments = [ask.fragments[i] for i in where] if ask.fragments else None
         nodes = [node for fragment in fragments for node in fragment.sources()] if fragments else texts
@@ -475,25 +529,29 @@ def router(service: Service) -> APIRouter:
                 options = replace(options, beam_size=max(options.beam_size, n), n_best=n)
             return options
 
-        done: Translated | None = await service.translate(nodes, route, options, request=request, max_chars=chars)
+        done: Translated | None = await service.translate(nodes, route, options, request=request, max_chars=chars,
+                                                          glossary=glossary)
         if done is None:
             return None
         plan = done.plan
         best = plan.join([r[0] if r else "" for r in done.ranked])
+        terms = done.text_terms()
         if fragments:
             out, at = [], 0
             for fragment in fragments:
                 n = len(fragment.texts)
-                out.append(fragment.join(best[at:at + n]))
+                mine = terms[at:at + n]
+                out.append((fragment.join(best[at:at + n]), [], {
+                    name: [term for t in mine for term in t[name]] for name in ("applied_terms", "unmet_terms")}))
                 at += n
-            return [(text, []) for text in out]
+            return out
         others = [plan.join([r[min(k, len(r) - 1)] if r else "" for r in done.ranked])
                   for k in range(1, ask.alternatives + 1)]
         out = []
         for i, text in enumerate(texts):
             first = formatted(text, best[i])
             alternatives = (formatted(text, alt[i]) for alt in others)
-            out.append((first, list(dict.fromkeys(a for a in alternatives if a not in (first, "")))))
+            out.append((first, list(dict.fromkeys(a for a in alternatives if a not in (first, ""))), terms[i]))
         return out
 
     downloads = Downloads(service.config.files_dir, service.config.files_ttl_s)

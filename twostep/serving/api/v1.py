@@ -4,6 +4,9 @@
                          with "stream": true, server-sent events as the translations decode (`events`)
     GET  /v1/languages   the languages a request may name (one model: its own codes), their standard tags and
                          names, each source's targets (those reached through the pivot marked), the models
+    POST /v1/glossaries, GET /v1/glossaries[/ID[/entries]], DELETE /v1/glossaries/ID
+                         stored glossaries in DeepL's shape (twostep.serving.glossaries), which /v1/translate
+                         uses by `glossary_id` (or a request's own: `glossary`)
 
 A request goes to the model that has its pair, or through the pivot language (twostep.serving.models);
 `src_lang: auto` detects each text's language (the answer's `detected`), its texts then routed by language.
@@ -24,10 +27,10 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Optional
+from typing import Literal, Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
 
@@ -36,13 +39,33 @@ from twostep.errors import BadInput, TwostepError
 from twostep.runtime.decoding import DecodeOptions
 from twostep.runtime.decoding.options import BEAM_STOPS, BOUNDS
 from twostep.runtime.documents import DocumentPlan
+from twostep.runtime.glossary import MAX_ENTRIES, MAX_TERM_CHARS, Entry, Glossary, Terms, parse_entries
 from twostep.runtime.streaming import Delta, Event, SentenceDone, TextDone, TextEvents
 from twostep.serving.api import refusals
+from twostep.serving.glossaries import UnknownGlossary, check_pair, pair_of
 from twostep.serving.middleware import bearer_key, internal_error
 from twostep.serving.models import Catalog, Route, Unsupported, described
-from twostep.serving.service import FAILED, V1_REFUSED, Service, Translated, error, until_disconnected
+from twostep.serving.service import (
+    FAILED,
+    V1_REFUSED,
+    OverLimit,
+    Service,
+    Translated,
+    error,
+    term_json,
+    until_disconnected,
+)
 
 log = logging.getLogger("twostep.serving")
+
+
+class Term(BaseModel):
+    """A glossary entry: a source term and the target terms that may translate it (any one of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: str = Field(description=f"A term (at most {MAX_TERM_CHARS} characters) of the source language.")
+    targets: list[str] = Field(description=f"Its translations (each at most {MAX_TERM_CHARS} characters): the "
+                               "output holds one of them, as written.")
 
 
 class TranslateRequest(BaseModel):
@@ -97,6 +120,14 @@ class TranslateRequest(BaseModel):
     tgt_lang: Optional[str] = Field(None, description="Target language: the model's code (M2M100: fr; NLLB: "
                                     "fra_Latn; mBART-50: fr_XX; Marian: fra for >>fra<<) or a standard one (fr, "
                                     "fra, fr-FR), listed as src_lang's are.")
+    glossary: Optional[list[Term]] = Field(None, max_length=MAX_ENTRIES, description="A glossary of the request's "
+                                           "own: each source term found in a sentence (at word boundaries) is "
+                                           "translated as one of its targets, forced by constrained beam search "
+                                           "(at least beam 4). The answer's applied_terms and unmet_terms say "
+                                           "which were. Not with sampling, nor with glossary_id.")
+    glossary_ignore_case: bool = Field(False, description="Find the glossary's source terms whatever their case.")
+    glossary_id: Optional[str] = Field(None, description="A stored glossary (POST /v1/glossaries) of this "
+                                       "request's language pair, instead of glossary.")
 
     def options(self, translator, last: bool = True) -> DecodeOptions:
         """The request's options over the model's defaults (translator: a BatchingTranslator); a pivot's first leg
@@ -109,6 +140,36 @@ class TranslateRequest(BaseModel):
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
             suppress_eos=self.suppress_eos, beam_stop=self.beam_stop, no_repeat_ngram_size=self.no_repeat_ngram_size,
             replace_unknowns=self.replace_unknowns)
+
+
+class GlossaryRequest(BaseModel):
+    """A glossary to store, as DeepL's API takes one."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "name": "numbers", "source_lang": "en", "target_lang": "de", "entries": "seven\tsieben\nthousand\ttausend\n",
+        "entries_format": "tsv"}]})
+    name: str = Field(description="What to call it.")
+    source_lang: str = Field(description="Its source language, as /v1/translate's src_lang names it.")
+    target_lang: str = Field(description="Its target language, as /v1/translate's tgt_lang names it.")
+    entries: str = Field(description=f"One entry a line: a source term, then its target (further fields: further "
+                         f"targets, any one of which may translate it), at most {MAX_ENTRIES} entries, each term at "
+                         f"most {MAX_TERM_CHARS} characters.")
+    entries_format: Literal["tsv", "csv"] = Field("tsv", description="tsv: fields separated by a tab; csv: by a "
+                                                  "comma (RFC 4180 quoting).")
+
+
+class GlossaryInfo(BaseModel):
+    glossary_id: str
+    name: str
+    ready: bool = Field(description="Always true: a glossary is ready once it is stored.")
+    source_lang: str = Field(description="A standard tag, or the code as given where the model names none.")
+    target_lang: str
+    creation_time: str = Field(description="ISO 8601, UTC.")
+    entry_count: int
+
+
+class GlossaryList(BaseModel):
+    glossaries: list[GlossaryInfo]
 
 
 class Sentence(BaseModel):
@@ -135,6 +196,12 @@ class TranslateResponse(BaseModel):
                                                  "hypotheses; a text of several sentences has one, its sentences' "
                                                  "best joined. Through a pivot: the second model's.")
     detected: Optional[list[Detected]] = Field(None, description="With src_lang auto: each text's language.")
+    applied_terms: Optional[list[list[Term]]] = Field(None, description="With a glossary: per text, the terms "
+                                                      "found in it that its translation holds.")
+    unmet_terms: Optional[list[list[Term]]] = Field(None, description="With a glossary: per text, the terms found "
+                                                    "in it that its translation does not hold (a sentence reached "
+                                                    "its max_new_tokens first, or the target term has no "
+                                                    "tokenization the model can write).")
 
 
 def hypotheses(done: Translated) -> list[list[dict]]:
@@ -181,26 +248,33 @@ def language_list(catalog: Catalog) -> dict:
 
 
 async def events(stream: AsyncIterator[Event], plan: DocumentPlan, service: Service,
-                 release: Callable[[], None] = lambda: None) -> AsyncIterator[dict]:
+                 release: Callable[[], None] = lambda: None,
+                 terms: list[Terms | None] | None = None) -> AsyncIterator[dict]:
     """A stream's server-sent events, each's data a JSON object (`text`: the text's index in the request,
     `sentence`: the sentence's in its text): `delta` {text, sentence, delta} as a sentence's translation grows
     (greedy search and sampling: its deltas joined are its translation); `sentence` {text, sentence,
     translation, score, hypotheses} once it is done; `text` {text, translation} once a text's sentences are all
-    done, joined with its whitespace; `end` {} last; or `error` {error} if decoding fails. A client that goes away
-    has the stream closed and its rows dropped. `release()` once it ends (the model it lent)."""
+    done, joined with its whitespace (with a glossary, each sentence's `terms`: its applied_terms and unmet_terms
+    too); `end` {} last; or `error` {error} if decoding fails. A client that goes away has the stream closed and its
+    rows dropped. `release()` once it ends (the model it lent)."""
     try:
-        async for event in sse_events(stream, plan, service):
+        async for event in sse_events(stream, plan, service, terms):
             yield event
     finally:
         release()
 
 
-async def sse_events(stream: AsyncIterator[Event], plan: DocumentPlan, service: Service) -> AsyncIterator[dict]:
+async def sse_events(stream: AsyncIterator[Event], plan: DocumentPlan, service: Service,
+                     terms: list[Terms | None] | None = None) -> AsyncIterator[dict]:
     """`events`' events. Any exception ends the stream with an `error` event: a refusal (TwostepError, raised while
     decoding: an engine profile's limit, say) or a decode's fault (engine.Faulted, logged where it happened) in its
     own words; anything else, a bug, with its traceback logged once here and its type told (internal_error). A
     stream never just breaks off."""
     where = [(t, j) for t, doc in enumerate(plan.documents) for j in range(len(doc.sentences))]
+    firsts = [0]
+    for doc in plan.documents:
+        firsts.append(firsts[-1] + len(doc.sentences))
+    unmet: dict[int, tuple[int, ...]] = {}  # each sentence done's unmet constraint terms
     started, first = time.perf_counter(), True
     try:
         async with contextlib.aclosing(stream):
@@ -212,12 +286,16 @@ async def sse_events(stream: AsyncIterator[Event], plan: DocumentPlan, service: 
                     t, j = where[event.sentence]
                     yield sse("delta", {"text": t, "sentence": j, "delta": event.text})
                 elif isinstance(event, SentenceDone):
+                    unmet[event.sentence] = event.unmet
                     t, j = where[event.sentence]
                     yield sse("sentence", {"text": t, "sentence": j, "translation": event.text,
                                            "score": event.hypotheses[0][1] if event.hypotheses else 0.0,
                                            "hypotheses": [{"text": h, "score": s} for h, s in event.hypotheses]})
                 elif isinstance(event, TextDone):
-                    yield sse("text", {"text": event.text, "translation": event.translation})
+                    data = {"text": event.text, "translation": event.translation}
+                    if terms is not None:
+                        data.update(text_terms(terms, unmet, range(firsts[event.text], firsts[event.text + 1])))
+                    yield sse("text", data)
     except FAILED as exc:  # raised while decoding: an engine profile's limit, a fault (logged where it happened)
         yield sse("error", {"error": str(exc)})
         return
@@ -228,27 +306,49 @@ async def sse_events(stream: AsyncIterator[Event], plan: DocumentPlan, service: 
     yield sse("end", {})
 
 
+def entries_of(body: TranslateRequest) -> list[Entry] | None:
+    """The request's own glossary's entries (Entry checks each: an empty term, one over MAX_TERM_CHARS)."""
+    if body.glossary is None:
+        return None
+    return [Entry(term.source, tuple(term.targets), body.glossary_ignore_case) for term in body.glossary]
+
+
+def text_terms(terms: list[Terms | None], unmet: dict[int, tuple[int, ...]], sentences) -> dict[str, list[dict]]:
+    """A streamed text's applied_terms and unmet_terms, from its `sentences`' terms and what each's best missed."""
+    applied, missed = [], []
+    for i in sentences:
+        if terms[i] is not None:
+            a, u = terms[i].outcome(unmet.get(i, ()))
+            applied += map(term_json, a)
+            missed += map(term_json, u)
+    return {"applied_terms": applied, "unmet_terms": missed}
+
+
 def sse(event: str, data: dict) -> dict:
     return {"event": event, "data": json.dumps(data, ensure_ascii=False)}
 
 
-def event_schema(name: str, fields: dict[str, dict], description: str) -> dict:
+def event_schema(name: str, fields: dict[str, dict], description: str, optional: dict[str, dict] | None = None) -> dict:
     """One kind of `events`' server-sent events, as JSON Schema describes an event of a text/event-stream (its
-    fields event and data; data a JSON object of `fields`)."""
+    fields event and data; data a JSON object of `fields`, and of `optional` where they apply)."""
     return {"type": "object", "required": ["event", "data"], "description": description, "properties": {
         "event": {"const": name},
         "data": {"type": "string", "contentMediaType": "application/json",
-                 "contentSchema": {"type": "object", "required": list(fields), "properties": fields}}}}
+                 "contentSchema": {"type": "object", "required": list(fields),
+                                   "properties": {**fields, **(optional or {})}}}}}
 
 
 INDEX, TEXT, SCORE = {"type": "integer", "minimum": 0}, {"type": "string"}, {"type": "number"}
+TERMS = {"type": "array", "items": {"type": "object", "required": ["source", "targets"], "properties": {
+    "source": TEXT, "targets": {"type": "array", "items": TEXT}}}}
 STREAM_EVENT = {"oneOf": [  # `events`
     event_schema("delta", {"text": INDEX, "sentence": INDEX, "delta": TEXT},
                  "A sentence's translation grows (greedy search, sampling)"),
     event_schema("sentence", {"text": INDEX, "sentence": INDEX, "translation": TEXT, "score": SCORE, "hypotheses": {
         "type": "array", "items": {"type": "object", "properties": {"text": TEXT, "score": SCORE}}}},
         "A sentence is done"),
-    event_schema("text", {"text": INDEX, "translation": TEXT}, "A text's sentences are all done"),
+    event_schema("text", {"text": INDEX, "translation": TEXT}, "A text's sentences are all done (with a glossary, "
+                 "its applied_terms and unmet_terms)", {name: TERMS for name in ("applied_terms", "unmet_terms")}),
     event_schema("end", {}, "The last event"),
     event_schema("error", {"error": TEXT}, "The last event of a stream that failed")]}
 
@@ -357,7 +457,15 @@ def router(service: Service) -> APIRouter:
             service.check_batch(given)
             if body.text is not None:
                 service.check_size(body.text, limit=chars)
+            glossary, stored = service.glossary(key, entries_of(body), body.glossary_id)
+            if glossary is not None and body.ids is not None:
+                raise BadInput("bad request: a glossary finds its terms in text: it does not go with ids")
+            if glossary is not None and body.sampling:
+                raise BadInput("a glossary needs beam search or greedy decoding, not sampling")
             groups, detected = await plan(catalog, body)
+            for route, _ in groups if stored is not None else ():
+                check_pair(stored.id, (stored.source_lang, stored.target_lang),
+                           pair_of(route, body.src_lang, body.tgt_lang))
             if body.stream or body.ids is not None:
                 if body.stream and body.text is None:
                     return error(400, "bad request: stream takes text, not ids")
@@ -365,9 +473,10 @@ def router(service: Service) -> APIRouter:
                     what = "stream" if body.stream else "ids"
                     raise BadInput(f"bad request: {what} needs one model for the request: its texts' languages "
                                    "route to several, or through the pivot language (or need none)")
-                return await direct(groups[0][0], body, request, chars)
+                return await direct(groups[0][0], body, request, chars, glossary)
             done = await asyncio.gather(*(service.translate([body.text[i] for i in where], route, body.options,
-                                                            body.split, request, chars) for route, where in groups))
+                                                            body.split, request, chars, glossary)
+                                          for route, where in groups))
         except MissingLanguage as exc:  # named as the request's field, not the CLI's option
             return error(400, exc.worded(MissingLanguage.FIELDS[exc.side]))
         except Unsupported as exc:  # in twostep's words, which list the codes
@@ -375,13 +484,18 @@ def router(service: Service) -> APIRouter:
         except FAILED as exc:
             return V1_REFUSED.response(service, exc)
         out: list = [None] * len(body.text)
+        terms: list = [None] * len(body.text)
         for (_, where), translated in zip(groups, done):
             if translated is None:  # the client went away; its rows were dropped
                 return Response(status_code=499)
-            for i, hyps in zip(where, hypotheses(translated)):
-                out[i] = hyps
+            for i, hyps, text_terms in zip(where, hypotheses(translated), translated.text_terms()):
+                out[i], terms[i] = hyps, text_terms
         # TranslateResponse's shape, built as plain JSON: validating our own output per request buys nothing
-        return JSONResponse({"translations": out, **({"detected": detected} if detected is not None else {})})
+        answer = {"translations": out, **({"detected": detected} if detected is not None else {})}
+        if glossary is not None:
+            answer["applied_terms"] = [t["applied_terms"] for t in terms]
+            answer["unmet_terms"] = [t["unmet_terms"] for t in terms]
+        return JSONResponse(answer)
 
     async def plan(catalog: Catalog, body: TranslateRequest) -> tuple[list[tuple[Route, list[int]]], list | None]:
         """The routes of a request's texts (or ids), each with the indices of its texts, and what was detected of
@@ -395,9 +509,10 @@ def router(service: Service) -> APIRouter:
         detected = [{"language": tag, "confidence": float(confidence)} for tag, confidence in found]
         return [(catalog.route(tag, body.tgt_lang), where) for tag, where in by_source.items()], detected
 
-    async def direct(route: Route, body: TranslateRequest, request: Request, chars: int):
-        """A request for one model's engine itself: token ids, or a stream; `chars`: the characters (or ids) the
-        client's request may hold."""
+    async def direct(route: Route, body: TranslateRequest, request: Request, chars: int,
+                     glossary: Glossary | None = None):
+        """A request for one model's engine itself: token ids, or a stream (with `glossary`'s terms, found in its
+        sentences: Service.translate's); `chars`: the characters (or ids) the client's request may hold."""
         leg = route.legs[0]
         entry = await service.pool.acquire(leg.model)
         translator = entry.translator
@@ -410,10 +525,12 @@ def router(service: Service) -> APIRouter:
                 sources = body.ids
             if body.stream:
                 service.check_sentences(len(sources))
-                stream = translator.stream_ids_async(sources, options, leg.target, TextEvents(plan))
+                terms = translator.translator.sentence_terms(plan.sentences, glossary) if glossary else None
+                constraints = [t.constraints if t else None for t in terms] if terms else None
+                stream = translator.stream_ids_async(sources, options, leg.target, TextEvents(plan), constraints)
                 released, entry = entry, None  # the stream's end releases it
-                return EventSourceResponse(events(stream, plan, service, lambda: service.pool.release(released)),
-                                           ping=15, shutdown_grace_period=55)
+                return EventSourceResponse(events(stream, plan, service, lambda: service.pool.release(released),
+                                                  terms), ping=15, shutdown_grace_period=55)
             future = service.submit(translator, sources, options, leg.target)
             try:
                 results = await until_disconnected(asyncio.wrap_future(future), request)
@@ -427,6 +544,68 @@ def router(service: Service) -> APIRouter:
         finally:
             if entry is not None:
                 service.pool.release(entry)
+
+    def owner(request: Request) -> bytes:
+        return service.owner(bearer_key(request.scope) if service.config.keyed else None)  # RequireKey let it in
+
+    @routes.post("/glossaries", status_code=201, response_model=GlossaryInfo,
+                 responses=refusals({400: "Bad JSON, fields, entries or languages", 413: "Entries longer than the "
+                                     "server takes", 503: "Loading or shutting down; see Retry-After"}))
+    async def create_glossary(body: GlossaryRequest, request: Request):
+        """Store a glossary (DeepL's POST /v2/glossaries): its entries one a line, a source term then its target
+        (further fields: further targets), separated by a tab (tsv) or a comma (csv)."""
+        try:
+            if len(body.entries) > service.config.file_size_limit:
+                raise OverLimit(f"the glossary's entries hold {len(body.entries)} characters; at most "
+                                f"{service.config.file_size_limit}", len(body.entries), service.config.file_size_limit)
+            route = service.running().route(body.source_lang, body.target_lang, lenient=True)
+            source, target = pair_of(route, body.source_lang, body.target_lang)
+            if source is not None and source == target:
+                raise BadInput(f"a glossary translates between two languages; got {source} on both sides")
+            entries = parse_entries(body.entries, body.entries_format)
+            stored = await asyncio.to_thread(service.glossaries.create, owner(request), body.name,
+                                             source or body.source_lang, target or body.target_lang, entries)
+        except Unsupported as exc:
+            return error(400, exc.plain)
+        except TwostepError as exc:
+            return V1_REFUSED.response(service, exc)
+        return JSONResponse(stored.described(), status_code=201)
+
+    @routes.get("/glossaries", response_model=GlossaryList)
+    async def list_glossaries(request: Request):
+        """The glossaries stored (with API keys: the key's own)."""
+        return {"glossaries": [g.described() for g in await asyncio.to_thread(service.glossaries.all,
+                                                                                owner(request))]}
+
+    unknown = refusals({404: "No glossary of this id (with API keys: of this key)"})
+
+    @routes.get("/glossaries/{glossary_id}", response_model=GlossaryInfo, responses=unknown)
+    async def glossary_info(glossary_id: str, request: Request):
+        try:
+            return (await asyncio.to_thread(service.glossaries.get, owner(request), glossary_id)).described()
+        except UnknownGlossary as exc:
+            return error(404, str(exc))
+
+    @routes.get("/glossaries/{glossary_id}/entries", response_class=PlainTextResponse, responses={
+        200: {"content": {"text/tab-separated-values": {"schema": {"type": "string"}}},
+              "description": "The entries, one a line: the source term, a tab, its targets separated by tabs"},
+        404: {"description": unknown[404]["description"],  # JSON, not the route's text
+              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}})
+    async def glossary_entries(glossary_id: str, request: Request):
+        try:
+            stored = await asyncio.to_thread(service.glossaries.get, owner(request), glossary_id)
+        except UnknownGlossary as exc:
+            return error(404, str(exc))
+        return PlainTextResponse(stored.tsv(), media_type="text/tab-separated-values; charset=utf-8")
+
+    @routes.delete("/glossaries/{glossary_id}", status_code=204, response_class=Response,
+                   responses={204: {"description": "Deleted"}, **unknown})
+    async def delete_glossary(glossary_id: str, request: Request):
+        try:
+            await asyncio.to_thread(service.glossaries.delete, owner(request), glossary_id)
+        except UnknownGlossary as exc:
+            return error(404, str(exc))
+        return Response(status_code=204)
 
     @routes.get("/languages", responses=refusals({503: "Loading or shutting down; see Retry-After"}))
     async def languages():
