@@ -685,24 +685,31 @@ std::vector<std::vector<Hypothesis>> constrained_beam_search(
         }
       }
       if (ended) keep_best_constrained(finished[b], n_best);
-      // The k that go on: best first within each bank, the banks taking turns, the fullest first.
+      // The k that go on: the best, then the others best first within each bank, the banks taking turns, the
+      // fullest first.
       std::vector<Candidate> on;
       for (const Candidate& c : cands)
         if (c.flat % vocab != s.eos_id) on.push_back(c);
+      std::vector<Candidate> chosen;
+      if (!on.empty()) {
+        chosen.push_back(on.front());
+        on.erase(on.begin());
+      }
       std::stable_sort(on.begin(), on.end(), [](const Candidate& x, const Candidate& y) { return x.bank > y.bank; });
       std::vector<std::pair<int64_t, size_t>> turns;  // (turn, index into on)
       for (size_t i = 0; i < on.size(); ++i)
         turns.push_back({i == 0 || on[i].bank != on[i - 1].bank ? 0 : turns.back().first + 1, i});
       std::stable_sort(turns.begin(), turns.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      for (const auto& turn : turns) chosen.push_back(on[turn.second]);
       double best_alive = kNegInf;
-      for (size_t slot = 0; slot < turns.size() && static_cast<int64_t>(slot) < k; ++slot) {
-        const Candidate& c = on[turns[slot].second];
+      for (size_t slot = 0; slot < chosen.size() && static_cast<int64_t>(slot) < k; ++slot) {
+        const Candidate& c = chosen[slot];
         const int64_t r = b * k + static_cast<int64_t>(slot);
         next_scores[r] = c.total, next_tokens[r] = c.flat % vocab, origins[r] = c.flat / vocab, next_met[r] = c.met;
         best_alive = std::max(best_alive, c.total);
       }
       const bool full = static_cast<int64_t>(finished[b].size()) == n_best;
-      if (on.empty() || (full && finished[b].back().score >= norm(best_alive, t + 1))) {
+      if (chosen.empty() || (full && finished[b].back().score >= norm(best_alive, t + 1))) {
         done[b] = true;
         if (progress && !stopped) stopped = !progress(static_cast<size_t>(b), best(b), true);
       }
