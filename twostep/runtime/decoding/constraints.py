@@ -14,6 +14,7 @@ arrays, so that a step advances every row at once.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,6 +115,30 @@ class Automaton:
                 suffix = fail[suffix]
             self.ahead.append(ahead)
         self.states = len(children)
+        self.arrays()
+
+    def arrays(self) -> None:
+        """The automaton as the flat arrays a Table joins (made once: automata are cached, `compiled`)."""
+        keys = np.array([s * KEY + t for s, t in self.step], np.int64)
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.targets = keys[order], np.array(list(self.step.values()), np.int64)[order]
+        self.done_array = np.array(self.done, np.int64)
+        width = max((len(chain) for chain in self.inside), default=0)
+        self.inside_depth = np.zeros((self.states, width), np.int64)
+        self.inside_mask = np.zeros((self.states, width), np.int64)
+        for state, chain in enumerate(self.inside):
+            if chain:
+                self.inside_depth[state, : len(chain)], self.inside_mask[state, : len(chain)] = zip(*chain)
+        self.ahead_start = np.concatenate([[0], np.cumsum([len(a) for a in self.ahead])]).astype(np.int64)
+        self.ahead_tokens = np.array([t for a in self.ahead for t in a], np.int64)
+        self.ahead_masks = np.array([m for a in self.ahead for m in a.values()], np.int64)
+
+
+@functools.lru_cache(maxsize=4096)
+def compiled(constraints: Constraints) -> Automaton:
+    """A sentence's automaton, made once for the same constraints (a glossary's term gives the same to every
+    sentence that holds it)."""
+    return Automaton(constraints)
 
 
 class Table:
@@ -124,29 +149,25 @@ class Table:
     def __init__(self, automata: Sequence[Automaton]):
         sizes = np.array([a.states for a in automata], np.int64)
         self.offset = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.root = np.repeat(self.offset[:-1], sizes)
-        self.done = np.array([m for a in automata for m in a.done], np.int64)
-        inside = [chain for a in automata for chain in a.inside]
-        width = max((len(chain) for chain in inside), default=0)
-        self.inside_depth = np.zeros((len(inside), width), np.int64)
-        self.inside_mask = np.zeros((len(inside), width), np.int64)
-        for state, chain in enumerate(inside):
-            if chain:
-                self.inside_depth[state, : len(chain)], self.inside_mask[state, : len(chain)] = zip(*chain)
-        keys, targets, counts, tokens, masks = [], [], [], [], []
-        for a, base in zip(automata, self.offset):
-            keys += [(base + s) * KEY + t for s, t in a.step]
-            targets += [base + c for c in a.step.values()]
-            for ahead in a.ahead:
-                counts.append(len(ahead))
-                tokens += ahead.keys()
-                masks += ahead.values()
-        order = np.argsort(np.array(keys, np.int64), kind="stable")
-        self.keys = np.array(keys, np.int64)[order]
-        self.targets = np.array(targets, np.int64)[order]
-        self.ahead_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.ahead_tokens = np.array(tokens, np.int64)
-        self.ahead_masks = np.array(masks, np.int64)
+        base = self.offset[:-1]
+        self.root = np.repeat(base, sizes)
+        self.done = np.concatenate([np.zeros(0, np.int64), *(a.done_array for a in automata)])
+        width = max((a.inside_depth.shape[1] for a in automata), default=0)
+        self.inside_depth = np.zeros((len(self.root), width), np.int64)
+        self.inside_mask = np.zeros((len(self.root), width), np.int64)
+        for a, at in zip(automata, base):
+            w = a.inside_depth.shape[1]
+            self.inside_depth[at : at + a.states, :w], self.inside_mask[at : at + a.states, :w] = \
+                a.inside_depth, a.inside_mask
+        # each automaton's keys are sorted and its states above the one's before: the joined keys are sorted
+        self.keys = np.concatenate([np.zeros(0, np.int64), *(a.keys + at * KEY for a, at in zip(automata, base))])
+        self.targets = np.concatenate([np.zeros(0, np.int64), *(a.targets + at for a, at in zip(automata, base))])
+        counts = np.array([len(a.ahead_tokens) for a in automata], np.int64)
+        before = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.ahead_start = np.concatenate([*(a.ahead_start[:-1] + b for a, b in zip(automata, before)),
+                                           before[-1:]]).astype(np.int64)
+        self.ahead_tokens = np.concatenate([np.zeros(0, np.int64), *(a.ahead_tokens for a in automata)])
+        self.ahead_masks = np.concatenate([np.zeros(0, np.int64), *(a.ahead_masks for a in automata)])
 
     def advance(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Each state after its token."""

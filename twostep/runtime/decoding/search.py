@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from twostep.errors import BadInput
-from twostep.runtime.decoding.constraints import Automaton, Constraints, Table, popcount
+from twostep.runtime.decoding.constraints import Automaton, Constraints, Table, compiled, popcount
 from twostep.runtime.decoding.kernels import (
     PARALLEL_ELEMENTS,
     beam_candidates,
@@ -506,7 +506,7 @@ class ConstrainedBeam(Beam):
 
     def joined(self, sources: list[list[int]]) -> None:
         super().joined(sources)
-        self.automata += [Automaton(c) for c in self.coming]
+        self.automata += [compiled(c) for c in self.coming]
         self.every = np.concatenate([self.every, [c.every for c in self.coming]]).astype(np.int64)
         self.state = np.concatenate([self.state, np.zeros(len(sources) * self.k, np.int64)])
         self.met = np.concatenate([self.met, np.zeros(len(sources) * self.k, np.int64)])
