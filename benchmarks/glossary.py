@@ -1,7 +1,7 @@
 """Glossaries (issue 50): how often a translation uses the glossary's terms, its quality, and what the
 constrained search costs, with and without the glossary, side by side in one run.
 
-    python -m benchmarks.glossary [--models demo,marian,madlad] [--work DIR] [--sentences 200] [--iters 5]
+    python -m benchmarks.glossary [--models demo,marian,madlad] [--work DIR] [--sentences 200] [--iters 15]
                                   [--threads 2] [--json OUT] [--markdown OUT] [--smoke]
 
 The models are the test suite's trained ones, each with a glossary written for its vocabulary:
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="demo,marian,madlad")
     p.add_argument("--work", type=Path, default=Path.home() / ".cache" / "twostep-bench" / "glossary")
     p.add_argument("--sentences", type=int, default=200, help="the demo's test sentences")
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--iters", type=int, default=15)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path)
     p.add_argument("--markdown", type=Path)
