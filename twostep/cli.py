@@ -560,7 +560,7 @@ def serve_cmd(
     """Serve translations over HTTP, one model or many: twostep's API (POST /v1/translate: documents, streams; GET
     /v1/languages), LibreTranslate's (POST /translate, /detect, /translate_file; GET /languages,
     /frontend/settings, /download_file/NAME, /health, /spec), /healthz, /readyz, /metrics (Prometheus); glossaries
-    (POST, GET /v1/glossaries, GET /v1/glossaries/ID[/entries], DELETE /v1/glossaries/ID)."""
+    (POST, GET /v1/glossaries, GET /v1/glossaries/ID and ID/entries, DELETE /v1/glossaries/ID)."""
     try:
         from twostep.serving.http import ServeConfig, read_api_keys
     except ImportError as exc:

@@ -649,7 +649,7 @@ def router(service: Service) -> APIRouter:
                 first = await part(texts[:half])
                 second = await part(texts[half:]) if first is not None else None
                 return None if first is None or second is None else first + second
-            return None if done is None else [text for text, _ in done]
+            return None if done is None else [text for text, *_ in done]
 
         out: list[str] = []
         for group in parts(texts, chars, service.config.max_sentences):
