@@ -200,10 +200,17 @@ def test_a_lone_client_waits_for_nobody_and_answered_callers_wait_for_each_other
             list(pool.map(lambda text: ex.translate([text]), texts))
         return time.monotonic() - started
 
+    def together(text: str) -> None:
+        """Two callers at once, queued back to back from one thread (threads started apart could let the first
+        one's short decode end before the second arrives, under load: then only one was answered)."""
+        ids = ex.encode([text])
+        for future in [ex.submit_ids(ids), ex.submit_ids(ids)]:
+            future.result(30)
+
     with ex:
         timed(short)  # nobody was answered yet: the first batch waits
         alone = [timed(short) for _ in range(3)]
-        timed(short, short)  # two callers, one batch
+        together(short)  # two callers, one batch
         waited = timed(short)  # the other caller is not back: it waits the whole max_wait_ms
         again = timed(short)
     assert max(alone) < 0.25 and again < 0.25, (alone, again)
