@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.marian import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "twostep" / "demo" / "model"
@@ -42,16 +43,6 @@ DEMO_GLOSSARY = [("seven", "sieben"), ("twelve", "zwölf"), ("eleven", "elf"), (
                  ("sixteen", "sechzehn"), ("nineteen", "neunzehn")]
 FRENCH_GLOSSARY = [("cat", "chat"), ("dog", "chien"), ("garden", "jardin"), ("world", "monde"), ("park", "parc"),
                    ("fox", "renard"), ("morning", "matin")]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def demo_case(sentences: int, work: Path, artifact: Path | None = None):
@@ -175,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     names = ["demo"] if args.smoke else args.models.split(",")
     sentences, iters = (12, 1) if args.smoke else (args.sentences, args.iters)
-    cpu = cpu_name()
+    cpu = cpu_model()
     rows = []
     for name in names:
         case = demo_case(sentences, args.work, args.demo_artifact) if name == "demo" else hf_case(name, args.work)
