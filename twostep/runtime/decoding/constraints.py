@@ -191,13 +191,3 @@ class Table:
         at = np.repeat(start - np.concatenate([[0], np.cumsum(count)[:-1]]), count) + np.arange(int(count.sum()))
         useful = (self.ahead_masks[at] & ~met[which]) != 0
         return which[useful], self.ahead_tokens[at[useful]]
-
-
-def popcount(masks: np.ndarray) -> np.ndarray:
-    """The terms met of each mask."""
-    out = np.zeros(masks.shape, np.int64)
-    masks = masks.copy()
-    while masks.any():
-        out += masks & 1
-        masks >>= 1
-    return out

@@ -11,8 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from twostep.errors import BadInput
-from twostep.runtime.decoding.constraints import Automaton, Constraints, Table, compiled, popcount
+from twostep.runtime.decoding.constraints import Automaton, Constraints, Table, compiled
 from twostep.runtime.decoding.kernels import (
     PARALLEL_ELEMENTS,
     beam_candidates,
@@ -480,9 +479,7 @@ class ConstrainedBeam(Beam):
     forced ones."""
 
     def __init__(self, options: DecodeOptions, specials: Specials):
-        if options.sampling:
-            raise BadInput("a glossary or constraints need beam search or greedy decoding, not sampling")
-        super().__init__(options, specials)
+        super().__init__(options, specials)  # Entry refuses sampling with constraints
         self.k = self.rows_of(options)
         self.scores = np.zeros((0, self.k))
         self.hf_rule = self.hf_early = self.hf_never = self.ct2_rule = False
@@ -565,7 +562,7 @@ class ConstrainedBeam(Beam):
         now = self.state[rows] + base[rows]
         after = np.where(tracking, self.table.advance(now, tokens), now)
         met = self.met[rows] | np.where(tracking, self.table.done[after], 0)
-        bank = popcount(met) * DEPTHS + self.table.depth(after, met)
+        bank = np.bitwise_count(met).astype(np.int64) * DEPTHS + self.table.depth(after, met)
         # eos: as Beam's walk, best first
         flat = beam * vocab + tokens
         order = np.lexsort((flat, -total, sentence))
